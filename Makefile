@@ -1,0 +1,46 @@
+# Two commands on a fresh machine (Python 3.11 + pip): `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv proto buf-lint lint typecheck test test-fast demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e clients/python -e '.[dev]'
+	@touch $(STAMP)
+
+# Regenerate the checked-in stubs (clients/python/genrm/cohort/v1/*_pb2*.py[i]).
+proto: $(STAMP)
+	$(PY) tools/gen_proto.py
+
+# buf STANDARD lint of our own protos; google/rpc/status.proto comes from the
+# installed googleapis-common-protos (no Buf Schema Registry access needed).
+buf-lint: $(STAMP)
+	@mkdir -p build/proto-deps/google/rpc
+	@$(PY) -c "import google.rpc, pathlib, shutil; shutil.copy(pathlib.Path(next(iter(google.rpc.__path__)))/'status.proto', 'build/proto-deps/google/rpc/status.proto')"
+	$(VENV)/bin/buf lint --path protos/genrm
+	$(VENV)/bin/buf build
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: lint typecheck buf-lint
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(PY) -m genrm_grpc.cli demo
+
+bench: $(STAMP)
+	$(PY) -m bench.run
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""genrm-grpc: group-relative rewards from a generative reward model judge, over gRPC."""
