@@ -1,0 +1,153 @@
+"""Identity rules: validation of coordinates, cohort keys, prompt and response digests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from genrm_grpc.cohort.model import (
+    CandidateSpec,
+    CohortKey,
+    MemberCoords,
+    PromptSpec,
+    Reason,
+    Rejection,
+    Submission,
+)
+from genrm_grpc.scoring.extract import extract_texts
+from genrm_grpc.scoring.types import AnswerTexts
+
+ComparisonMode = Literal["rollout_cohort", "fixed_baseline"]
+
+MAX_GROUP_SIZE = 4096
+MAX_ID_LENGTH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateInput:
+    """A candidate as it arrives: texts, or a Responses-API object as JSON."""
+
+    output_text: str = ""
+    reasoning_text: str = ""
+    responses_api_json: str = ""
+
+
+def _canonical(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def prompt_digest(prompt: PromptSpec) -> str:
+    """SHA-256 over the conversation, the principle and the baseline (absent ≠ empty)."""
+    body = {
+        "messages": [list(m) for m in prompt.messages],
+        "principle": prompt.principle,
+        "baseline_response": prompt.baseline_response,
+    }
+    return hashlib.sha256(_canonical(body)).hexdigest()
+
+
+def _reject_nonfinite(token: str) -> float:
+    raise ValueError(f"non-finite number {token} in responses_api_json")
+
+
+def candidate_spec(candidate: CandidateInput) -> CandidateSpec | Rejection:
+    """Texts and digest of a candidate; equal payload ⇔ equal digest."""
+    if candidate.responses_api_json:
+        if candidate.output_text or candidate.reasoning_text:
+            return _invalid(
+                "candidate",
+                "set either responses_api_json or output_text/reasoning_text, not both",
+            )
+        try:
+            obj = json.loads(candidate.responses_api_json, parse_constant=_reject_nonfinite)
+        except ValueError as exc:
+            return _invalid("candidate.responses_api_json", f"not valid JSON: {exc}")
+        if not isinstance(obj, dict):
+            return _invalid("candidate.responses_api_json", "must be a JSON object")
+        digest = hashlib.sha256(b"responses_api:" + _canonical(obj)).hexdigest()
+        return CandidateSpec(texts=extract_texts(obj), digest=digest)
+    body = {"output_text": candidate.output_text, "reasoning_text": candidate.reasoning_text}
+    digest = hashlib.sha256(b"texts:" + _canonical(body)).hexdigest()
+    texts = AnswerTexts(reasoning=candidate.reasoning_text, answer=candidate.output_text)
+    return CandidateSpec(texts=texts, digest=digest)
+
+
+def _invalid(field_name: str, description: str) -> Rejection:
+    return Rejection(
+        Reason.INVALID_MEMBER,
+        f"invalid member: {field_name}: {description}",
+        field_violations=((field_name, description),),
+    )
+
+
+def validate_prompt(prompt: PromptSpec, mode: ComparisonMode) -> Rejection | None:
+    if not prompt.messages:
+        return _invalid("prompt.messages", "the conversation must have at least one message")
+    for n, (role, _content) in enumerate(prompt.messages):
+        if not role:
+            return _invalid(f"prompt.messages[{n}].role", "must not be empty")
+    if mode == "fixed_baseline" and prompt.baseline_response is None:
+        return _invalid("prompt.baseline_response", "required in fixed_baseline mode")
+    if mode == "rollout_cohort" and prompt.baseline_response is not None:
+        return _invalid("prompt.baseline_response", "forbidden in rollout_cohort mode")
+    return None
+
+
+def resolve_key(coords: MemberCoords, digest_of_prompt: str) -> CohortKey:
+    attempt = coords.group_attempt or 0
+    if coords.group_id is not None:
+        return CohortKey(group_id=coords.group_id, legacy_key=None, attempt=attempt)
+    if coords.task_index is not None:
+        head = f"t{coords.task_index}"
+    elif coords.prompt_id is not None:
+        head = f"p{coords.prompt_id}"
+    else:
+        head = "-"
+    return CohortKey(group_id=None, legacy_key=f"{head}:{digest_of_prompt[:32]}", attempt=attempt)
+
+
+def resolve(
+    coords: MemberCoords,
+    prompt: PromptSpec,
+    candidate: CandidateInput,
+    *,
+    default_group_size: int,
+    mode: ComparisonMode,
+) -> Submission | Rejection:
+    """Validate one member and compute its cohort key and digests (INVALID_MEMBER on error)."""
+    if coords.group_id is not None and not coords.group_id.strip():
+        return _invalid("member.group_id", "must not be blank when set")
+    if coords.group_id is not None and len(coords.group_id) > MAX_ID_LENGTH:
+        return _invalid("member.group_id", f"longer than {MAX_ID_LENGTH} characters")
+    if coords.prompt_id is not None and len(coords.prompt_id) > MAX_ID_LENGTH:
+        return _invalid("member.prompt_id", f"longer than {MAX_ID_LENGTH} characters")
+    group_size = coords.group_size if coords.group_size is not None else default_group_size
+    if not 1 <= group_size <= MAX_GROUP_SIZE:
+        return _invalid("member.group_size", f"must be in [1, {MAX_GROUP_SIZE}], got {group_size}")
+    if not 0 <= coords.rollout_index < group_size:
+        return _invalid(
+            "member.rollout_index",
+            f"must be in [0, {group_size}) for group_size {group_size}, got {coords.rollout_index}",
+        )
+    bad_prompt = validate_prompt(prompt, mode)
+    if bad_prompt is not None:
+        return bad_prompt
+    spec = candidate_spec(candidate)
+    if isinstance(spec, Rejection):
+        return spec
+    digest = prompt_digest(prompt)
+    return Submission(
+        coords=coords,
+        key=resolve_key(coords, digest),
+        group_size=group_size,
+        prompt=prompt,
+        prompt_digest=digest,
+        candidate=spec,
+    )
+
+
+def finite(values: list[float]) -> bool:
+    return all(math.isfinite(v) for v in values)

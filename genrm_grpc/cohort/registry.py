@@ -1,0 +1,388 @@
+"""The cohort registry: every rule of PROTOCOL.md's member-submission table, sans I/O.
+
+The registry takes events — a member arrived, a deadline passed, an evaluation
+finished, the server is draining — and returns decisions. It never sleeps, never
+awaits and never reads a clock: the caller passes ``now``. The asyncio runtime
+executes the decisions (waiters, timers, judge tasks).
+
+Cost per event is O(1) amortised in the number of retained cohorts: lookups are
+dict lookups, and retention evicts from the old end of insertion-ordered stores.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from genrm_grpc.cohort.model import (
+    LEGACY_RETRY_ADVICE,
+    Cohort,
+    CohortKey,
+    Completed,
+    Failed,
+    Masked,
+    Member,
+    Outcome,
+    Phase,
+    Reason,
+    Rejection,
+    Submission,
+    Tombstone,
+    clip_reason,
+)
+from genrm_grpc.store.base import CohortStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryConfig:
+    collection_timeout_s: float = 1800.0
+    evaluation_timeout_s: float = 3600.0
+    max_active_cohorts: int = 10_000
+
+
+class Disposition(enum.Enum):
+    ACCEPTED = "accepted"  # new slot filled
+    ATTACHED = "attached"  # identical resubmission of an active member
+    REPLAYED = "replayed"  # identical resubmission after completion
+    REJECTED = "rejected"
+
+
+@dataclass(slots=True)
+class SubmitDecision:
+    disposition: Disposition
+    cohort: Cohort | None = None
+    rejection: Rejection | None = None
+    replay: Tombstone | None = None
+    #: True when this member filled the last slot: the cohort is now evaluating.
+    frozen: bool = False
+    #: Cohorts that this submission ended (older attempts it superseded, or its own
+    #: cohort when the collection deadline had already passed). Publish their outcomes.
+    ended: list[Cohort] = field(default_factory=list)
+
+
+def member_metadata(sub: Submission, **extra: str) -> dict[str, str]:
+    """ErrorInfo metadata naming the member (groupId, groupAttempt, rolloutIndex)."""
+    meta: dict[str, str] = {"rolloutIndex": str(sub.rollout_index)}
+    if sub.key.group_id is not None:
+        meta["groupId"] = sub.key.group_id
+        meta["groupAttempt"] = str(sub.key.attempt)
+    meta.update(extra)
+    return meta
+
+
+class CohortRegistry:
+    """Owns every active cohort and decides what each event means."""
+
+    def __init__(self, config: RegistryConfig, store: CohortStore) -> None:
+        self.config = config
+        self.store = store
+        self._active: dict[CohortKey, Cohort] = {}
+        # group_id → attempts with an active cohort; makes supersession O(attempts).
+        self._active_by_group: dict[str, dict[int, Cohort]] = {}
+        self._seq = 0
+        self._draining = False
+        self._warned_missing_attempt = False
+        self.evictions_examined = 0
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def active_count(self) -> int:
+        return len(self._active)
+
+    def active(self, key: CohortKey) -> Cohort | None:
+        return self._active.get(key)
+
+    def active_cohorts(self) -> list[Cohort]:
+        return list(self._active.values())
+
+    def latest_attempt(self, group_id: str, now: float) -> int | None:
+        return self.store.watermark(group_id, now)
+
+    # ------------------------------------------------------------------ events
+    def submit(self, sub: Submission, now: float) -> SubmitDecision:
+        """Decide what a member submission gets (the table of PROTOCOL.md)."""
+        self._sweep(now)
+        if sub.coords.group_id is not None and sub.coords.group_attempt is None:
+            self._warn_missing_attempt(sub)
+        ended: list[Cohort] = []
+        key = sub.key
+        if key.group_id is not None:
+            latest = self.store.watermark(key.group_id, now)
+            if latest is not None and key.attempt < latest:
+                return self._reject(
+                    Reason.ATTEMPT_SUPERSEDED,
+                    f"group {key.group_id!r} attempt {key.attempt} was superseded by attempt "
+                    f"{latest}; results of old attempts are never published",
+                    sub,
+                    latestAttempt=str(latest),
+                )
+            if latest is None or key.attempt > latest:
+                if self._draining and self._active.get(key) is None:
+                    return self._shutting_down(sub)
+                ended = self._supersede(key.group_id, key.attempt, now)
+                self.store.raise_watermark(key.group_id, key.attempt, now)
+
+        cohort = self._active.get(key)
+        if (
+            cohort is not None
+            and cohort.phase is Phase.COLLECTING
+            and now >= cohort.collection_deadline
+        ):
+            # The deadline has passed but its timer has not run yet: it wins, exactly once.
+            self._end(cohort, self._collection_expired(cohort), now)
+            ended.append(cohort)
+            cohort = None
+        if cohort is not None:
+            decision = self._submit_active(cohort, sub, now)
+        else:
+            decision = self._submit_inactive(sub, now)
+        decision.ended[:0] = ended
+        return decision
+
+    def collection_deadline(self, cohort: Cohort, now: float) -> bool:
+        """The collection timer fired. True when it failed the cohort (late timers are no-ops)."""
+        if cohort.phase is not Phase.COLLECTING or now < cohort.collection_deadline:
+            return False
+        self._end(cohort, self._collection_expired(cohort), now)
+        return True
+
+    def evaluation_deadline(self, cohort: Cohort, now: float) -> bool:
+        """The evaluation timer fired: the judge did not finish in time → masked result."""
+        if (
+            cohort.phase is not Phase.EVALUATING
+            or cohort.evaluation_deadline is None
+            or now < cohort.evaluation_deadline
+        ):
+            return False
+        reason = (
+            f"judge evaluation deadline expired: cohort_evaluation_timeout_s="
+            f"{self.config.evaluation_timeout_s:g} passed before every comparison finished"
+        )
+        self._end(cohort, Masked(reason=clip_reason(reason)), now)
+        return True
+
+    def evaluation_finished(self, cohort: Cohort, outcome: Completed | Masked, now: float) -> bool:
+        """The judge finished. False (result discarded) unless the cohort still waits for it."""
+        if cohort.phase is not Phase.EVALUATING or self._active.get(cohort.key) is not cohort:
+            return False
+        if isinstance(outcome, Completed) and len(outcome.rewards) != cohort.group_size:
+            outcome_: Outcome = Failed(
+                f"aggregation produced {len(outcome.rewards)} rewards for "
+                f"{cohort.group_size} members; nothing was published",
+                legacy=not cohort.key.explicit,
+            )
+        else:
+            outcome_ = outcome
+        self._end(cohort, outcome_, now)
+        return True
+
+    def fail(self, cohort: Cohort, reason: str, now: float) -> bool:
+        """Fail an active cohort (cancellation, aggregation error, shutdown)."""
+        if not cohort.active or self._active.get(cohort.key) is not cohort:
+            return False
+        self._end(cohort, Failed(clip_reason(reason), legacy=not cohort.key.explicit), now)
+        return True
+
+    def start_draining(self) -> None:
+        self._draining = True
+
+    def fail_all(self, reason: str, now: float) -> list[Cohort]:
+        ended = list(self._active.values())
+        for cohort in ended:
+            self.fail(cohort, reason, now)
+        return ended
+
+    # ------------------------------------------------------------------ helpers
+    def _submit_active(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
+        if cohort.prompt_digest != sub.prompt_digest or cohort.group_size != sub.group_size:
+            return self._mismatch(sub, cohort.group_size, cohort.prompt_digest)
+        member = cohort.members.get(sub.rollout_index)
+        if member is not None:
+            if member.candidate.digest == sub.candidate.digest:
+                return SubmitDecision(Disposition.ATTACHED, cohort=cohort)
+            return self._slot_conflict(sub)
+        if cohort.phase is not Phase.COLLECTING:
+            return self._closed(sub, cohort.phase)
+        if self._draining:
+            return self._shutting_down(sub)
+        return self._accept(cohort, sub, now)
+
+    def _submit_inactive(self, sub: Submission, now: float) -> SubmitDecision:
+        tomb = self.store.tombstone(sub.key, now)
+        if tomb is not None:
+            return self._submit_terminal(tomb, sub)
+        if self._draining:
+            return self._shutting_down(sub)
+        if len(self._active) >= self.config.max_active_cohorts:
+            return self._reject(
+                Reason.CAPACITY_EXHAUSTED,
+                f"the server holds max_active_cohorts={self.config.max_active_cohorts} active "
+                "cohorts; retry later",
+                sub,
+            )
+        self._seq += 1
+        cohort = Cohort(
+            key=sub.key,
+            seq=self._seq,
+            group_size=sub.group_size,
+            prompt=sub.prompt,
+            prompt_digest=sub.prompt_digest,
+            created_at=now,
+            collection_deadline=now + self.config.collection_timeout_s,
+        )
+        self._active[sub.key] = cohort
+        if sub.key.group_id is not None:
+            self._active_by_group.setdefault(sub.key.group_id, {})[sub.key.attempt] = cohort
+        return self._accept(cohort, sub, now)
+
+    def _submit_terminal(self, tomb: Tombstone, sub: Submission) -> SubmitDecision:
+        if tomb.prompt_digest != sub.prompt_digest or tomb.group_size != sub.group_size:
+            return self._mismatch(sub, tomb.group_size, tomb.prompt_digest)
+        digest = tomb.digests.get(sub.rollout_index)
+        if digest is not None and digest != sub.candidate.digest:
+            return self._slot_conflict(sub)
+        if isinstance(tomb.outcome, Failed):
+            return self._failed(sub, tomb.outcome)
+        if digest is None:
+            return self._closed(sub, Phase.COMPLETED)
+        return SubmitDecision(Disposition.REPLAYED, replay=tomb)
+
+    def _accept(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
+        cohort.members[sub.rollout_index] = Member(coords=sub.coords, candidate=sub.candidate)
+        self.store.record_member(cohort.key, sub.rollout_index, sub.candidate.digest)
+        frozen = False
+        if cohort.full:
+            cohort.phase = Phase.EVALUATING
+            cohort.snapshot = tuple(cohort.members[i] for i in range(cohort.group_size))
+            cohort.evaluation_deadline = now + self.config.evaluation_timeout_s
+            frozen = True
+        return SubmitDecision(Disposition.ACCEPTED, cohort=cohort, frozen=frozen)
+
+    def _supersede(self, group_id: str, attempt: int, now: float) -> list[Cohort]:
+        older = self._active_by_group.get(group_id)
+        if not older:
+            return []
+        ended = []
+        for old_attempt, cohort in list(older.items()):
+            if old_attempt < attempt:
+                self._end(
+                    cohort,
+                    Failed(f"superseded by attempt {attempt} of group {group_id!r}"),
+                    now,
+                )
+                ended.append(cohort)
+        return ended
+
+    def _collection_expired(self, cohort: Cohort) -> Failed:
+        missing = [i for i in range(cohort.group_size) if i not in cohort.members]
+        shown = ", ".join(map(str, missing[:20])) + (" …" if len(missing) > 20 else "")
+        reason = (
+            f"collection deadline expired (cohort_collection_timeout_s="
+            f"{self.config.collection_timeout_s:g}) with {len(cohort.members)}/"
+            f"{cohort.group_size} members; missing rollout_index: {shown}"
+        )
+        return Failed(clip_reason(reason), legacy=not cohort.key.explicit)
+
+    def _end(self, cohort: Cohort, outcome: Outcome, now: float) -> None:
+        """Make a cohort terminal: record its outcome, leave a tombstone, drop its bodies."""
+        cohort.outcome = outcome
+        cohort.phase = Phase.FAILED if isinstance(outcome, Failed) else Phase.COMPLETED
+        self._active.pop(cohort.key, None)
+        gid = cohort.key.group_id
+        if gid is not None:
+            attempts = self._active_by_group.get(gid)
+            if attempts is not None:
+                attempts.pop(cohort.key.attempt, None)
+                if not attempts:
+                    del self._active_by_group[gid]
+            self.store.raise_watermark(gid, cohort.key.attempt, now)
+        digests = {i: m.candidate.digest for i, m in cohort.members.items()}
+        self.store.forget_members(cohort.key)
+        # Explicit cohorts keep a tombstone for replay and fencing. Legacy cohorts are
+        # retired on success; a failed legacy key stays fenced so delayed members of the
+        # failed run cannot start a new cohort that mixes runs.
+        if cohort.key.explicit or isinstance(outcome, Failed):
+            if isinstance(outcome, Failed) and not cohort.key.explicit:
+                outcome = Failed(outcome.reason, legacy=True)
+                cohort.outcome = outcome
+            self.store.put_tombstone(
+                Tombstone(
+                    key=cohort.key,
+                    group_size=cohort.group_size,
+                    prompt_digest=cohort.prompt_digest,
+                    digests=digests,
+                    outcome=outcome,
+                    finished_at=now,
+                ),
+                now,
+            )
+        cohort.members = {}
+        cohort.snapshot = None
+
+    def _sweep(self, now: float) -> None:
+        self.evictions_examined += self.store.evict(now, self._active_by_group.__contains__)
+
+    def _warn_missing_attempt(self, sub: Submission) -> None:
+        if not self._warned_missing_attempt:
+            self._warned_missing_attempt = True
+            log.warning(
+                "member of group %r has no group_attempt; treating it as attempt 0. "
+                "Send group_attempt explicitly and increase it when you regenerate a group.",
+                sub.coords.group_id,
+            )
+
+    # ------------------------------------------------------------------ refusals
+    def _reject(self, reason: Reason, message: str, sub: Submission, **meta: str) -> SubmitDecision:
+        return SubmitDecision(
+            Disposition.REJECTED, rejection=Rejection(reason, message, member_metadata(sub, **meta))
+        )
+
+    def _mismatch(self, sub: Submission, group_size: int, digest: str) -> SubmitDecision:
+        if group_size != sub.group_size:
+            what = f"group_size {sub.group_size} differs from the cohort's {group_size}"
+        else:
+            what = (
+                f"the prompt (digest {sub.prompt_digest[:12]}) differs from the cohort's "
+                f"(digest {digest[:12]})"
+            )
+        return self._reject(Reason.PROMPT_MISMATCH, f"cohort {sub.key}: {what}", sub)
+
+    def _slot_conflict(self, sub: Submission) -> SubmitDecision:
+        return self._reject(
+            Reason.SLOT_CONFLICT,
+            f"cohort {sub.key}: slot {sub.rollout_index} already holds a different response",
+            sub,
+        )
+
+    def _closed(self, sub: Submission, phase: Phase) -> SubmitDecision:
+        return self._reject(
+            Reason.COHORT_CLOSED,
+            f"cohort {sub.key} is {phase.value}; it accepts no new members",
+            sub,
+        )
+
+    def _failed(self, sub: Submission, outcome: Failed) -> SubmitDecision:
+        return SubmitDecision(
+            Disposition.REJECTED,
+            rejection=failure_rejection(sub.key, outcome, member_metadata(sub)),
+        )
+
+    def _shutting_down(self, sub: Submission) -> SubmitDecision:
+        return self._reject(
+            Reason.SHUTTING_DOWN, "the server is shutting down; retry on another replica", sub
+        )
+
+
+def failure_rejection(key: CohortKey, outcome: Failed, meta: Mapping[str, str]) -> Rejection:
+    """The ABORTED/COHORT_FAILED refusal for members of a failed cohort."""
+    message = f"cohort {key} failed: {outcome.reason}"
+    if outcome.legacy:
+        message = f"{message}. {LEGACY_RETRY_ADVICE}"
+    return Rejection(Reason.COHORT_FAILED, message, dict(meta))

@@ -1,0 +1,482 @@
+"""The asyncio driver of the cohort registry.
+
+It executes the registry's decisions: one waiter per call (many per slot), the
+collection and evaluation timers, judge tasks under a priority-ordered concurrency
+bound, publication of an outcome to every waiter at once, and the ownership of every
+task it creates (cancelled and awaited when a cohort ends early or the server stops).
+
+All registry calls happen on the event loop thread without an ``await`` in between
+deciding and acting, so each decision is atomic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar
+
+from genrm_grpc.cohort.identity import ComparisonMode
+from genrm_grpc.cohort.model import (
+    CandidateSpec,
+    Cohort,
+    CohortKey,
+    Completed,
+    Masked,
+    Member,
+    MemberCoords,
+    MemberReward,
+    Outcome,
+    Phase,
+    PromptSpec,
+    Rejection,
+    Submission,
+    Tombstone,
+    clip_reason,
+)
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
+from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
+from genrm_grpc.runtime.clock import Clock, LoopClock, TimerHandle
+from genrm_grpc.runtime.scheduler import PrioritySemaphore
+from genrm_grpc.scoring import aggregate, judge_passes
+from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringParams
+
+log = logging.getLogger(__name__)
+
+JudgeSchedule = Literal["after_collection", "eager"]
+_T = TypeVar("_T")
+
+
+class JudgeBackend(Protocol):
+    async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    comparison_mode: ComparisonMode = "rollout_cohort"
+    judge_schedule: JudgeSchedule = "after_collection"
+    judge_max_concurrency: int = 64
+    use_principle: bool = True
+    default_principle: str = ""
+    #: Alternate judge passes swap the two answers (only with ≥ 2 judges per comparison).
+    position_debias: bool = False
+    scoring: ScoringParams = field(default_factory=ScoringParams)
+
+
+@dataclass(frozen=True, slots=True)
+class PairProgress:
+    key: CohortKey
+    response_i: int
+    response_j: int
+    judge_index: int
+
+
+ProgressCallback = Callable[[PairProgress], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    order: int
+    i: int
+    j: int
+    judge_index: int
+    swap: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _PairResult:
+    pair: JudgedPair
+    usage: TokenUsage | None
+
+
+class Waiter:
+    """One caller waiting for its member's cohort outcome."""
+
+    __slots__ = ("_live", "future", "on_progress", "slot")
+
+    def __init__(self, live: _Live, slot: int, on_progress: ProgressCallback | None) -> None:
+        self._live: _Live | None = live
+        self.slot = slot
+        self.on_progress = on_progress
+        self.future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+    async def wait(self) -> Outcome:
+        try:
+            return await self.future
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Remove this waiter only; the member stays in its cohort."""
+        live, self._live = self._live, None
+        if live is not None:
+            waiters = live.waiters.get(self.slot)
+            if waiters is not None:
+                waiters.discard(self)
+                if not waiters:
+                    del live.waiters[self.slot]
+        if not self.future.done():
+            self.future.cancel()
+
+
+@dataclass(slots=True)
+class Ticket:
+    """What a submission got: a waiter, a replayed tombstone, or a rejection."""
+
+    disposition: Disposition
+    cohort_key: CohortKey
+    waiter: Waiter | None = None
+    replay: Tombstone | None = None
+    rejection: Rejection | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Live:
+    cohort: Cohort
+    jobs: tuple[_Job, ...]
+    waiters: dict[int, set[Waiter]] = field(default_factory=dict)
+    collection_timer: TimerHandle | None = None
+    evaluation_timer: TimerHandle | None = None
+    pair_tasks: dict[int, asyncio.Task[_PairResult]] = field(default_factory=dict)
+    eval_task: asyncio.Task[None] | None = None
+    priority: int | None = None
+
+
+class CohortRuntime:
+    def __init__(
+        self,
+        registry: CohortRegistry,
+        judge: JudgeBackend,
+        config: RuntimeConfig,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.registry = registry
+        self.config = config
+        self._judge = judge
+        self._clock: Clock = clock or LoopClock()
+        self._sem = PrioritySemaphore(config.judge_max_concurrency)
+        self._live: dict[CohortKey, _Live] = {}
+        self._owned: set[asyncio.Task[Any]] = set()
+        self._ready_seq = 0
+        self._evaluating = 0
+        self._no_evaluations = asyncio.Event()
+        self._no_evaluations.set()
+        self.judge_calls = 0
+
+    # ------------------------------------------------------------------ API
+    def now(self) -> float:
+        return self._clock.now()
+
+    def submit(self, sub: Submission, *, on_progress: ProgressCallback | None = None) -> Ticket:
+        """Apply one member submission; never awaits, so the decision is atomic."""
+        decision = self.registry.submit(sub, self._clock.now())
+        for ended in decision.ended:
+            self._publish(ended)
+        return self._execute(sub, decision, on_progress)
+
+    def cancel_cohort(self, key: CohortKey, reason: str) -> bool:
+        """Fail an active cohort now (operator action); its judge tasks are cancelled."""
+        live = self._live.get(key)
+        if live is None or not self.registry.fail(live.cohort, reason, self._clock.now()):
+            return False
+        self._publish(live.cohort)
+        return True
+
+    async def compare(self, prompt: PromptSpec, candidates: Sequence[CandidateSpec]) -> Completed:
+        """Judge a batch right away (no cohort, no replay); shares the judge bound.
+
+        Raises :class:`JudgeFailedError` when the judge fails.
+        """
+        self._ready_seq += 1
+        n = len(candidates)
+        cohort = Cohort(
+            key=CohortKey(group_id=None, legacy_key="compare", attempt=self._ready_seq),
+            seq=0,
+            group_size=n,
+            prompt=prompt,
+            prompt_digest="",
+            created_at=self._clock.now(),
+            collection_deadline=math.inf,
+            members={k: Member(MemberCoords(rollout_index=k), c) for k, c in enumerate(candidates)},
+            phase=Phase.EVALUATING,
+        )
+        cohort.snapshot = tuple(cohort.members[k] for k in range(n))
+        live = _Live(cohort=cohort, jobs=self._plan(cohort), priority=self._ready_seq)
+        tasks = [self._start_pair(live, job) for job in live.jobs]
+        results = await _all_or_first_error(tasks)
+        return self._score(cohort, results)
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Drain: refuse new cohorts, let evaluations finish within ``grace_s``, fail the rest."""
+        self.registry.start_draining()
+        if self._evaluating:
+            try:
+                async with asyncio.timeout(grace_s):
+                    await self._no_evaluations.wait()
+            except TimeoutError:
+                log.warning("shutdown grace of %gs expired with evaluations running", grace_s)
+        for cohort in self.registry.fail_all("server is shutting down", self._clock.now()):
+            self._publish(cohort)
+        await self.drain_tasks()
+
+    async def drain_tasks(self) -> None:
+        """Await every owned task that is finishing (after a cancel) or still running."""
+        while self._owned:
+            await asyncio.gather(*list(self._owned), return_exceptions=True)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "live_cohorts": len(self._live),
+            "active_cohorts": self.registry.active_count(),
+            "waiters": sum(len(w) for live in self._live.values() for w in live.waiters.values()),
+            "owned_tasks": len(self._owned),
+            "judge_in_flight": self._sem.in_use,
+            "judge_calls": self.judge_calls,
+        }
+
+    # ------------------------------------------------------------------ decisions
+    def _execute(
+        self, sub: Submission, decision: SubmitDecision, on_progress: ProgressCallback | None
+    ) -> Ticket:
+        ticket = Ticket(decision.disposition, sub.key)
+        if decision.disposition is Disposition.REJECTED:
+            ticket.rejection = decision.rejection
+            return ticket
+        if decision.disposition is Disposition.REPLAYED:
+            ticket.replay = decision.replay
+            return ticket
+        cohort = decision.cohort
+        assert cohort is not None
+        live = self._live.get(cohort.key)
+        if live is None:
+            live = _Live(cohort=cohort, jobs=self._plan(cohort))
+            self._live[cohort.key] = live
+            live.collection_timer = self._clock.call_at(
+                cohort.collection_deadline, lambda: self._on_collection_deadline(live)
+            )
+        waiter = Waiter(live, sub.rollout_index, on_progress)
+        live.waiters.setdefault(sub.rollout_index, set()).add(waiter)
+        ticket.waiter = waiter
+        if decision.disposition is Disposition.ACCEPTED:
+            if decision.frozen:
+                self._start_evaluation(live)
+            elif self.config.judge_schedule == "eager":
+                self._start_ready_pairs(live, sub.rollout_index)
+        return ticket
+
+    def _plan(self, cohort: Cohort) -> tuple[_Job, ...]:
+        n = cohort.group_size
+        params = self.config.scoring
+        judges = params.num_judges_per_comparison
+        if self.config.comparison_mode == "fixed_baseline":
+            # The member sits on alternate sides so the judge's position bias cancels;
+            # verdicts are mapped back to the member's side. The baseline is index n.
+            return tuple(
+                _Job(order, m, n, k, swap=(m + k) % 2 == 1)
+                for order, (k, m) in enumerate((k, m) for k in range(judges) for m in range(n))
+            )
+        debias = self.config.position_debias and judges >= 2
+        return tuple(
+            _Job(order, i, j, k, swap=debias and k % 2 == 1)
+            for order, (i, j, k) in enumerate(judge_passes(n, params.comparison_strategy, judges))
+        )
+
+    def _start_evaluation(self, live: _Live) -> None:
+        cohort = live.cohort
+        if live.collection_timer is not None:
+            live.collection_timer.cancel()
+            live.collection_timer = None
+        assert cohort.evaluation_deadline is not None
+        live.evaluation_timer = self._clock.call_at(
+            cohort.evaluation_deadline, lambda: self._on_evaluation_deadline(live)
+        )
+        self._evaluating += 1
+        self._no_evaluations.clear()
+        live.eval_task = self._own(self._evaluate(live), name=f"evaluate {cohort.key}")
+        # A done callback, not a finally: a task cancelled before its first step never
+        # runs its body.
+        live.eval_task.add_done_callback(self._evaluation_done)
+
+    def _evaluation_done(self, _task: asyncio.Task[None]) -> None:
+        self._evaluating -= 1
+        if self._evaluating == 0:
+            self._no_evaluations.set()
+
+    def _start_ready_pairs(self, live: _Live, arrived: int) -> None:
+        members = live.cohort.members
+        baseline = self.config.comparison_mode == "fixed_baseline"
+        for job in live.jobs:
+            if arrived not in (job.i, job.j) or job.order in live.pair_tasks:
+                continue
+            if job.i in members and (baseline or job.j in members):
+                self._start_pair(live, job)
+
+    def _start_pair(self, live: _Live, job: _Job) -> asyncio.Task[_PairResult]:
+        task = live.pair_tasks.get(job.order)
+        if task is None:
+            if live.priority is None:
+                self._ready_seq += 1
+                live.priority = self._ready_seq
+            inp = self._judge_input(live.cohort, job)
+            task = self._own(
+                self._judge_pair(live, job, inp), name=f"judge {live.cohort.key} {job}"
+            )
+            live.pair_tasks[job.order] = task
+        return task
+
+    # ------------------------------------------------------------------ tasks
+    def _own(self, coro: Coroutine[Any, Any, _T], *, name: str) -> asyncio.Task[_T]:
+        task = asyncio.create_task(coro, name=name)
+        self._owned.add(task)
+        task.add_done_callback(self._owned.discard)
+        return task
+
+    def _judge_input(self, cohort: Cohort, job: _Job) -> JudgeInput:
+        snapshot = cohort.members
+        prompt = cohort.prompt
+        first = snapshot[job.i].candidate.texts.judge_text()
+        if self.config.comparison_mode == "fixed_baseline":
+            second = AnswerTexts("", prompt.baseline_response or "").judge_text()
+        else:
+            second = snapshot[job.j].candidate.texts.judge_text()
+        principle = None
+        if self.config.use_principle:
+            principle = prompt.principle if prompt.principle is not None else None
+            principle = principle or self.config.default_principle or None
+        return JudgeInput(prompt.messages, first, second, principle)
+
+    async def _judge_pair(self, live: _Live, job: _Job, inp: JudgeInput) -> _PairResult:
+        cohort = live.cohort
+        assert live.priority is not None
+        async with self._sem.slot((live.priority, job.order)):
+            self.judge_calls += 1
+            out = await self._judge.judge(inp, swap=job.swap)
+        if cohort.active:
+            progress = PairProgress(cohort.key, job.i, job.j, job.judge_index)
+            callbacks = {
+                w.on_progress: None
+                for ws in live.waiters.values()
+                for w in ws
+                if w.on_progress is not None
+            }
+            for callback in callbacks:
+                callback(progress)
+        return _PairResult(JudgedPair(job.i, job.j, job.judge_index, out.verdict), out.usage)
+
+    async def _evaluate(self, live: _Live) -> None:
+        cohort = live.cohort
+        try:
+            tasks = [self._start_pair(live, job) for job in live.jobs]
+            try:
+                results = await _all_or_first_error(tasks)
+            except JudgeFailedError as exc:
+                outcome: Completed | Masked = Masked(reason=clip_reason(exc.reason))
+            else:
+                outcome = self._score(cohort, results)
+            if self.registry.evaluation_finished(cohort, outcome, self._clock.now()):
+                self._publish(cohort)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("evaluation of cohort %s failed", cohort.key)
+            if self.registry.fail(cohort, f"evaluation failed: {exc}", self._clock.now()):
+                self._publish(cohort)
+
+    def _score(self, cohort: Cohort, results: Sequence[_PairResult]) -> Completed:
+        members = cohort.snapshot
+        assert members is not None
+        texts = [m.candidate.texts for m in members]
+        judged = [r.pair for r in results]
+        params = self.config.scoring
+        if self.config.comparison_mode == "fixed_baseline":
+            baseline = AnswerTexts("", cohort.prompt.baseline_response or "")
+            scores = aggregate(texts, judged, params, baseline=baseline)
+        else:
+            scores = aggregate(texts, judged, params)
+        values = [m.reward for m in scores.members]
+        if len(values) != cohort.group_size or not all(math.isfinite(v) for v in values):
+            raise ValueError(f"aggregated rewards are not finite or not one per member: {values!r}")
+        metrics = dict(scores.metrics)
+        metrics.update(_usage_metrics([r.usage for r in results]))
+        rewards = tuple(
+            MemberReward(
+                reward=s.reward,
+                score_raw=s.score_raw,
+                overall_score=s.overall_score,
+                length_adjustment=s.length_adjustment,
+                comparisons=tuple(p for p in judged if k in (p.response_i, p.response_j)),
+            )
+            for k, s in enumerate(scores.members)
+        )
+        return Completed(rewards=rewards, metrics=metrics)
+
+    # ------------------------------------------------------------------ timers
+    def _on_collection_deadline(self, live: _Live) -> None:
+        live.collection_timer = None
+        if self.registry.collection_deadline(live.cohort, self._clock.now()):
+            self._publish(live.cohort)
+
+    def _on_evaluation_deadline(self, live: _Live) -> None:
+        live.evaluation_timer = None
+        if self.registry.evaluation_deadline(live.cohort, self._clock.now()):
+            self._publish(live.cohort)
+
+    # ------------------------------------------------------------------ publication
+    def _publish(self, cohort: Cohort) -> None:
+        """Hand a terminal cohort's outcome to all its waiters at once, then clean up."""
+        live = self._live.pop(cohort.key, None)
+        if live is None or live.cohort is not cohort:
+            if live is not None:  # a different cohort object under the key: keep it
+                self._live[cohort.key] = live
+            return
+        outcome = cohort.outcome
+        assert outcome is not None and cohort.phase in (Phase.COMPLETED, Phase.FAILED)
+        waiters = [w for ws in live.waiters.values() for w in ws]
+        live.waiters.clear()
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.future.set_result(outcome)
+        for timer in (live.collection_timer, live.evaluation_timer):
+            if timer is not None:
+                timer.cancel()
+        current = asyncio.current_task()
+        for task in [*live.pair_tasks.values(), live.eval_task]:
+            if task is not None and task is not current and not task.done():
+                task.cancel()
+        live.pair_tasks.clear()
+
+
+async def _all_or_first_error(tasks: list[asyncio.Task[_PairResult]]) -> list[_PairResult]:
+    """Results in order; on the first failure cancel and await the rest, then raise it."""
+    pending: set[asyncio.Task[_PairResult]] = set(tasks)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            # Retrieve every exception that finished in this round (not just the first),
+            # so none is reported as "never retrieved".
+            errors = [exc for task in done if (exc := task.exception()) is not None]
+            if errors:
+                raise errors[0]
+    finally:
+        if pending:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+    return [task.result() for task in tasks]
+
+
+def _usage_metrics(usages: Sequence[TokenUsage | None]) -> dict[str, float]:
+    known = [u for u in usages if u is not None]
+    if not known:
+        return {}
+    outputs = [u.output_tokens for u in known]
+    return {
+        "judge_input_tokens_total": float(sum(u.input_tokens for u in known)),
+        "judge_output_tokens_total": float(sum(outputs)),
+        "judge_reasoning_tokens_total": float(sum(u.reasoning_tokens for u in known)),
+        "judge_output_tokens_mean": sum(outputs) / len(outputs),
+        "judge_output_tokens_max": float(max(outputs)),
+    }

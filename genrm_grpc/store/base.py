@@ -1,0 +1,42 @@
+"""Where the cohort core keeps what must outlive a cohort: watermarks, tombstones, digests.
+
+The registry talks to exactly this interface. The in-memory implementation is the
+default; durable (SQLite) and shared (Redis) implementations plug in behind it.
+Every method must cost O(1) or O(log n) (amortised) in the number of stored records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from genrm_grpc.cohort.model import CohortKey, Tombstone
+
+
+class CohortStore(Protocol):
+    def watermark(self, group_id: str, now: float) -> int | None:
+        """The newest attempt seen for ``group_id`` (None when unknown or expired)."""
+
+    def raise_watermark(self, group_id: str, attempt: int, now: float) -> None:
+        """Record ``attempt`` if it is newer, and refresh the watermark's retention."""
+
+    def tombstone(self, key: CohortKey, now: float) -> Tombstone | None:
+        """The tombstone of a terminal cohort (None when unknown or expired)."""
+
+    def put_tombstone(self, tombstone: Tombstone, now: float) -> None: ...
+
+    def record_member(self, key: CohortKey, rollout_index: int, digest: str) -> None:
+        """Remember an accepted member's response digest while its cohort is active."""
+
+    def member_digests(self, key: CohortKey) -> Mapping[int, str]: ...
+
+    def forget_members(self, key: CohortKey) -> None: ...
+
+    def evict(self, now: float, pinned: Callable[[str], bool]) -> int:
+        """Drop expired / surplus records; never a watermark for which ``pinned`` holds.
+
+        Returns the number of records examined, so tests can show the amortised cost.
+        """
+
+    def counts(self) -> Mapping[str, int]:
+        """Sizes of each kind of record (for metrics and leak checks)."""

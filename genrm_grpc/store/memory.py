@@ -1,0 +1,83 @@
+"""In-process store: insertion-ordered dicts give O(1) lookups and amortised O(1) eviction.
+
+Tombstones are written when cohorts end, so with one TTL for all of them insertion
+order is expiry order: eviction only ever looks at the oldest entries. Watermarks are
+moved to the end whenever they are touched, for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+
+from genrm_grpc.cohort.model import CohortKey, Tombstone
+
+
+class MemoryStore:
+    def __init__(self, *, ttl_s: float, max_records: int) -> None:
+        self._ttl = ttl_s
+        self._max = max_records
+        self._tombstones: OrderedDict[CohortKey, tuple[float, Tombstone]] = OrderedDict()
+        self._watermarks: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        self._members: dict[CohortKey, dict[int, str]] = {}
+
+    def watermark(self, group_id: str, now: float) -> int | None:
+        entry = self._watermarks.get(group_id)
+        if entry is None:
+            return None
+        return entry[1]
+
+    def raise_watermark(self, group_id: str, attempt: int, now: float) -> None:
+        entry = self._watermarks.pop(group_id, None)
+        newest = attempt if entry is None else max(entry[1], attempt)
+        self._watermarks[group_id] = (now + self._ttl, newest)
+
+    def tombstone(self, key: CohortKey, now: float) -> Tombstone | None:
+        entry = self._tombstones.get(key)
+        if entry is None or entry[0] <= now:
+            return None
+        return entry[1]
+
+    def put_tombstone(self, tombstone: Tombstone, now: float) -> None:
+        self._tombstones.pop(tombstone.key, None)
+        self._tombstones[tombstone.key] = (now + self._ttl, tombstone)
+
+    def record_member(self, key: CohortKey, rollout_index: int, digest: str) -> None:
+        self._members.setdefault(key, {})[rollout_index] = digest
+
+    def member_digests(self, key: CohortKey) -> Mapping[int, str]:
+        return self._members.get(key, {})
+
+    def forget_members(self, key: CohortKey) -> None:
+        self._members.pop(key, None)
+
+    def evict(self, now: float, pinned: Callable[[str], bool]) -> int:
+        examined = 0
+        tombs = self._tombstones
+        while tombs:
+            key, (expires, _) = next(iter(tombs.items()))
+            examined += 1
+            if expires > now and len(tombs) <= self._max:
+                break
+            del tombs[key]
+        marks = self._watermarks
+        # A pinned watermark (its group has an active cohort) is refreshed rather than
+        # dropped; each one is looked at most once per call, so the loop is bounded.
+        budget = len(marks)
+        while marks and budget > 0:
+            group_id, (expires, attempt) = next(iter(marks.items()))
+            examined += 1
+            budget -= 1
+            if expires > now and len(marks) <= self._max:
+                break
+            del marks[group_id]
+            if pinned(group_id):
+                marks[group_id] = (now + self._ttl, attempt)
+        return examined
+
+    def counts(self) -> Mapping[str, int]:
+        return {
+            "tombstones": len(self._tombstones),
+            "watermarks": len(self._watermarks),
+            "active_member_sets": len(self._members),
+        }
