@@ -1,0 +1,183 @@
+"""One settings model for the server: YAML file, then env ``GENRM_*``, then flags.
+
+Precedence (highest first): command-line flags, environment variables, the YAML file,
+built-in defaults. Environment names are ``GENRM_<KEY>`` for top-level keys and
+``GENRM_JUDGE__<KEY>`` for the judge block (e.g. ``GENRM_JUDGE__URL``). Unknown keys
+are errors, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import pathlib
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from genrm_grpc.scoring.types import ScoringParams
+
+# Every deadline must be finite and > 0: null, 0, negatives, NaN and ∞ are refused.
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+DEFAULT_PRINCIPLE = (
+    "The response should be helpful, relevant, accurate and complete, follow the user's "
+    "instructions, and be clearly written."
+)
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message is one line for the operator."""
+
+
+class JudgeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = "http://127.0.0.1:8000"
+    api: Literal["responses", "chat_completions"] = "responses"
+    model: str = "genrm"
+    max_output_tokens: Annotated[int, Field(gt=0)] | None = None
+    temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    #: Name of the environment variable holding the API key (never the key itself).
+    api_key_env: str | None = None
+    max_connections: Annotated[int, Field(ge=1)] = 64
+    max_retry_sleep_s: Seconds = 30.0
+
+    def api_key(self) -> str | None:
+        if not self.api_key_env:
+            return None
+        value = os.environ.get(self.api_key_env)
+        if not value:
+            raise ConfigError(
+                f"judge.api_key_env names {self.api_key_env!r}, but that variable is not set"
+            )
+        return value
+
+
+_yaml_path: contextvars.ContextVar[pathlib.Path | None] = contextvars.ContextVar(
+    "genrm_yaml_path", default=None
+)
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = _yaml_path.get()
+        if path is None:
+            return {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            message = f"config file {path} is not valid YAML: {exc}".replace("\n", " ")
+            raise ConfigError(message) from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        return data
+
+
+class Settings(BaseSettings):
+    """Server configuration; NeMo Gym's genrm_compare names where they exist."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GENRM_", env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+    listen: str = "127.0.0.1:50051"
+    judge: JudgeSettings = Field(default_factory=JudgeSettings)
+
+    # --- cohorts (NeMo Gym names)
+    num_rollouts_per_prompt: Annotated[int, Field(ge=1)] = 8
+    comparison_mode: Literal["rollout_cohort", "fixed_baseline"] = "rollout_cohort"
+    comparison_strategy: Literal["circular", "all_pairs"] = "circular"
+    num_judges_per_comparison: Annotated[int, Field(ge=1)] = 1
+    use_principle: bool = True
+    default_principle: str = DEFAULT_PRINCIPLE
+    aggregator_method: Literal["simple_tiebreaker", "bradley_terry"] = "simple_tiebreaker"
+    reasoning_bonus: NonNegative = 0.0
+    answer_bonus: NonNegative = 0.0
+    top_percentile: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.2
+    group_reasoning_length_penalty_coeff: NonNegative = 0.0
+    group_answer_length_penalty_coeff: NonNegative = 0.0
+    group_style_penalty_coeff: NonNegative = 0.0
+    default_score: Annotated[float, Field(allow_inf_nan=False)] = 3.0
+    default_ranking: Annotated[float, Field(allow_inf_nan=False)] = 3.5
+    genrm_parse_retries: Annotated[int, Field(ge=0)] = 3
+    genrm_parse_retry_sleep_s: NonNegative = 0.2
+    cohort_collection_timeout_s: Seconds = 1800.0
+    cohort_evaluation_timeout_s: Seconds = 3600.0
+    judge_request_timeout_s: Seconds = 1800.0
+    cohort_result_ttl_s: Seconds = 3600.0
+    max_terminal_cohorts: Annotated[int, Field(ge=1)] = 4096
+
+    # --- this service's own
+    position_debias: bool = False
+    judge_max_concurrency: Annotated[int, Field(ge=1)] = 64
+    judge_schedule: Literal["after_collection", "eager"] = "after_collection"
+    max_active_cohorts: Annotated[int, Field(ge=1)] = 10_000
+    max_message_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    shutdown_grace_s: Seconds = 30.0
+    store: Literal["memory"] = "memory"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"
+
+    @model_validator(mode="after")
+    def _listen_has_port(self) -> Settings:
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"listen must be HOST:PORT, got {self.listen!r}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlSource(settings_cls))
+
+    def scoring_params(self) -> ScoringParams:
+        return ScoringParams(
+            comparison_strategy=self.comparison_strategy,
+            num_judges_per_comparison=self.num_judges_per_comparison,
+            aggregator_method=self.aggregator_method,
+            reasoning_bonus=self.reasoning_bonus,
+            answer_bonus=self.answer_bonus,
+            top_percentile=self.top_percentile,
+            group_reasoning_length_penalty_coeff=self.group_reasoning_length_penalty_coeff,
+            group_answer_length_penalty_coeff=self.group_answer_length_penalty_coeff,
+            group_style_penalty_coeff=self.group_style_penalty_coeff,
+            default_score=self.default_score,
+            default_ranking=self.default_ranking,
+        )
+
+
+def _one_line(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        parts.append(f"{where}: {err['msg']}")
+    return "invalid configuration: " + "; ".join(parts)
+
+
+def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Load settings; raises :class:`ConfigError` with a one-line message when invalid."""
+    token = _yaml_path.set(pathlib.Path(config_file) if config_file is not None else None)
+    try:
+        clean = {k: v for k, v in overrides.items() if v is not None}
+        return Settings(**clean)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+    finally:
+        _yaml_path.reset(token)
