@@ -63,11 +63,16 @@ def candidate_spec(candidate: CandidateInput) -> CandidateSpec | Rejection:
             )
         try:
             obj = json.loads(candidate.responses_api_json, parse_constant=_reject_nonfinite)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
             return _invalid("candidate.responses_api_json", f"not valid JSON: {exc}")
         if not isinstance(obj, dict):
             return _invalid("candidate.responses_api_json", "must be a JSON object")
-        digest = hashlib.sha256(b"responses_api:" + _canonical(obj)).hexdigest()
+        try:
+            canonical = _canonical(obj)
+        except UnicodeEncodeError:
+            # Valid JSON may escape a lone surrogate ("\\ud800"): not encodable text.
+            return _invalid("candidate.responses_api_json", "contains an unpaired surrogate")
+        digest = hashlib.sha256(b"responses_api:" + canonical).hexdigest()
         return CandidateSpec(texts=extract_texts(obj), digest=digest)
     body = {"output_text": candidate.output_text, "reasoning_text": candidate.reasoning_text}
     digest = hashlib.sha256(b"texts:" + _canonical(body)).hexdigest()

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 
 from genrm_grpc.cohort.model import CohortKey, Tombstone
 
+_PINNED_ROTATIONS_PER_EVICT = 2
+
 
 class MemoryStore:
     def __init__(self, *, ttl_s: float, max_records: int) -> None:
@@ -61,18 +63,21 @@ class MemoryStore:
                 break
             del tombs[key]
         marks = self._watermarks
-        # A pinned watermark (its group has an active cohort) is refreshed rather than
-        # dropped; each one is looked at most once per call, so the loop is bounded.
-        budget = len(marks)
-        while marks and budget > 0:
+        # A pinned watermark (its group has an active cohort) is refreshed and moved to
+        # the end rather than dropped. Only a few are moved per call: with more active
+        # groups than ``max_records`` an unbounded loop would rotate all of them on every
+        # request. Unpinned ones are dropped as they reach the front, so the surplus
+        # still drains, and each drop is paid for by the insertion that made it.
+        rotations = 0
+        while marks and rotations < _PINNED_ROTATIONS_PER_EVICT:
             group_id, (expires, attempt) = next(iter(marks.items()))
             examined += 1
-            budget -= 1
             if expires > now and len(marks) <= self._max:
                 break
             del marks[group_id]
             if pinned(group_id):
                 marks[group_id] = (now + self._ttl, attempt)
+                rotations += 1
         return examined
 
     def counts(self) -> Mapping[str, int]:
