@@ -114,6 +114,8 @@ class Completed:
 
     rewards: tuple[MemberReward, ...]
     metrics: Mapping[str, float] = field(default_factory=dict)
+    #: Every verdict in aggregation order (judge pass, then pair order).
+    judged: tuple[JudgedPair, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

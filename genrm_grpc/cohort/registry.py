@@ -124,8 +124,19 @@ class CohortRegistry:
                     latestAttempt=str(latest),
                 )
             if latest is None or key.attempt > latest:
+                # A new attempt of a known group must answer the same prompt at the same
+                # size; it is checked (and capacity too) before it supersedes anything.
+                reference = self._group_reference(key.group_id, latest, now)
+                if reference is not None and (
+                    reference.prompt_digest != sub.prompt_digest
+                    or reference.group_size != sub.group_size
+                ):
+                    return self._mismatch(sub, reference.group_size, reference.prompt_digest)
                 if self._draining and self._active.get(key) is None:
                     return self._shutting_down(sub)
+                older = len(self._active_by_group.get(key.group_id, ()))
+                if len(self._active) - older >= self.config.max_active_cohorts:
+                    return self._capacity_exhausted(sub)
                 ended = self._supersede(key.group_id, key.attempt, now)
                 self.store.raise_watermark(key.group_id, key.attempt, now)
 
@@ -221,12 +232,7 @@ class CohortRegistry:
         if self._draining:
             return self._shutting_down(sub)
         if len(self._active) >= self.config.max_active_cohorts:
-            return self._reject(
-                Reason.CAPACITY_EXHAUSTED,
-                f"the server holds max_active_cohorts={self.config.max_active_cohorts} active "
-                "cohorts; retry later",
-                sub,
-            )
+            return self._capacity_exhausted(sub)
         self._seq += 1
         cohort = Cohort(
             key=sub.key,
@@ -279,6 +285,17 @@ class CohortRegistry:
                 )
                 ended.append(cohort)
         return ended
+
+    def _group_reference(
+        self, group_id: str, latest: int | None, now: float
+    ) -> Cohort | Tombstone | None:
+        """An active or the newest terminal cohort of the group, to compare prompts with."""
+        attempts = self._active_by_group.get(group_id)
+        if attempts:
+            return next(iter(attempts.values()))
+        if latest is None:
+            return None
+        return self.store.tombstone(CohortKey(group_id, None, latest), now)
 
     def _collection_expired(self, cohort: Cohort) -> Failed:
         missing = [i for i in range(cohort.group_size) if i not in cohort.members]
@@ -372,6 +389,14 @@ class CohortRegistry:
         return SubmitDecision(
             Disposition.REJECTED,
             rejection=failure_rejection(sub.key, outcome, member_metadata(sub)),
+        )
+
+    def _capacity_exhausted(self, sub: Submission) -> SubmitDecision:
+        return self._reject(
+            Reason.CAPACITY_EXHAUSTED,
+            f"the server holds max_active_cohorts={self.config.max_active_cohorts} active "
+            "cohorts; retry later",
+            sub,
         )
 
     def _shutting_down(self, sub: Submission) -> SubmitDecision:

@@ -142,6 +142,8 @@ class _Live:
     pair_tasks: dict[int, asyncio.Task[_PairResult]] = field(default_factory=dict)
     eval_task: asyncio.Task[None] | None = None
     priority: int | None = None
+    #: Reason of the first JudgeFailedError: the cohort is masked, spend no more calls.
+    judge_failure: str | None = None
 
 
 class CohortRuntime:
@@ -205,9 +207,24 @@ class CohortRuntime:
         )
         cohort.snapshot = tuple(cohort.members[k] for k in range(n))
         live = _Live(cohort=cohort, jobs=self._plan(cohort), priority=self._ready_seq)
-        tasks = [self._start_pair(live, job) for job in live.jobs]
-        results = await _all_or_first_error(tasks)
-        return self._score(cohort, results)
+        # Counted as an evaluation so that shutdown grants it the same grace.
+        self._evaluating += 1
+        self._no_evaluations.clear()
+        try:
+            tasks = [self._start_pair(live, job) for job in live.jobs]
+            try:
+                results = await _all_or_first_error(tasks)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # our caller went away
+                # A judge task was cancelled under us: shutdown after its grace.
+                raise JudgeFailedError(
+                    "the comparison was cancelled: the server is shutting down"
+                ) from None
+            return self._score(cohort, results)
+        finally:
+            self._evaluation_ended()
 
     async def shutdown(self, grace_s: float) -> None:
         """Drain: refuse new cohorts, let evaluations finish within ``grace_s``, fail the rest."""
@@ -220,6 +237,10 @@ class CohortRuntime:
                 log.warning("shutdown grace of %gs expired with evaluations running", grace_s)
         for cohort in self.registry.fail_all("server is shutting down", self._clock.now()):
             self._publish(cohort)
+        # What is still running belongs to no cohort (Compare's judge calls): cancel it,
+        # or draining would wait up to judge_request_timeout_s.
+        for task in list(self._owned):
+            task.cancel()
         await self.drain_tasks()
 
     async def drain_tasks(self) -> None:
@@ -301,6 +322,9 @@ class CohortRuntime:
         live.eval_task.add_done_callback(self._evaluation_done)
 
     def _evaluation_done(self, _task: asyncio.Task[None]) -> None:
+        self._evaluation_ended()
+
+    def _evaluation_ended(self) -> None:
         self._evaluating -= 1
         if self._evaluating == 0:
             self._no_evaluations.set()
@@ -332,6 +356,9 @@ class CohortRuntime:
         task = asyncio.create_task(coro, name=name)
         self._owned.add(task)
         task.add_done_callback(self._owned.discard)
+        # An eager pair can fail in a cohort that then never fills (or ends otherwise):
+        # nobody awaits it, and its exception must not be logged as never retrieved.
+        task.add_done_callback(_retrieve_exception)
         return task
 
     def _judge_input(self, cohort: Cohort, job: _Job) -> JudgeInput:
@@ -352,8 +379,21 @@ class CohortRuntime:
         cohort = live.cohort
         assert live.priority is not None
         async with self._sem.slot((live.priority, job.order)):
+            if live.judge_failure is not None:
+                # A sibling failed while this pair waited; the permit it freed must not
+                # start a judge call whose verdict would be discarded.
+                raise JudgeFailedError(live.judge_failure)
             self.judge_calls += 1
-            out = await self._judge.judge(inp, swap=job.swap)
+            try:
+                out = await self._judge.judge(inp, swap=job.swap)
+            except JudgeFailedError as exc:
+                live.judge_failure = exc.reason
+                if cohort.phase is Phase.COLLECTING:
+                    # Eager judging: the group can no longer be rewarded, so the other
+                    # early comparisons are wasted money. (After collection, the
+                    # evaluation's own wait cancels them.)
+                    self._cancel_pairs(live, keep=asyncio.current_task())
+                raise
         if cohort.active:
             progress = PairProgress(cohort.key, job.i, job.j, job.judge_index)
             callbacks = {
@@ -365,6 +405,11 @@ class CohortRuntime:
             for callback in callbacks:
                 callback(progress)
         return _PairResult(JudgedPair(job.i, job.j, job.judge_index, out.verdict), out.usage)
+
+    def _cancel_pairs(self, live: _Live, *, keep: asyncio.Task[Any] | None = None) -> None:
+        for task in live.pair_tasks.values():
+            if task is not keep and not task.done():
+                task.cancel()
 
     async def _evaluate(self, live: _Live) -> None:
         cohort = live.cohort
@@ -411,7 +456,7 @@ class CohortRuntime:
             )
             for k, s in enumerate(scores.members)
         )
-        return Completed(rewards=rewards, metrics=metrics)
+        return Completed(rewards=rewards, metrics=metrics, judged=tuple(judged))
 
     # ------------------------------------------------------------------ timers
     def _on_collection_deadline(self, live: _Live) -> None:
@@ -449,6 +494,11 @@ class CohortRuntime:
         live.pair_tasks.clear()
 
 
+def _retrieve_exception(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 async def _all_or_first_error(tasks: list[asyncio.Task[_PairResult]]) -> list[_PairResult]:
     """Results in order; on the first failure cancel and await the rest, then raise it."""
     pending: set[asyncio.Task[_PairResult]] = set(tasks)
@@ -457,7 +507,11 @@ async def _all_or_first_error(tasks: list[asyncio.Task[_PairResult]]) -> list[_P
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
             # Retrieve every exception that finished in this round (not just the first),
             # so none is reported as "never retrieved".
-            errors = [exc for task in done if (exc := task.exception()) is not None]
+            errors = [
+                exc
+                for task in done
+                if not task.cancelled() and (exc := task.exception()) is not None
+            ]
             if errors:
                 raise errors[0]
     finally:

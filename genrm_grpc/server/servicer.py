@@ -161,15 +161,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             await abort(context, Rejection(Reason.JUDGE_FAILED, f"judge failed: {exc.reason}"))
             raise AssertionError("unreachable") from exc
         response = pb.CompareResponse(rewards=[r.reward for r in scores.rewards])
-        seen: set[tuple[int, int, int]] = set()
-        pairs = []
-        for reward in scores.rewards:
-            for pair in reward.comparisons:
-                ident = (pair.judge_index, pair.response_i, pair.response_j)
-                if ident not in seen:
-                    seen.add(ident)
-                    pairs.append(pair)
-        response.comparisons.extend(convert.verdicts_to_proto(pairs))
+        response.comparisons.extend(convert.verdicts_to_proto(scores.judged))
         response.metrics.update(dict(scores.metrics))
         return response
 
