@@ -153,3 +153,10 @@ async def test_reflection_lists_the_cohort_service_like_grpcurl_list(
     names = {s.name for s in replies[0].list_services_response.service}
     assert {"genrm.cohort.v1.CohortService", "grpc.health.v1.Health"} <= names
     assert replies[1].file_descriptor_response.file_descriptor_proto
+
+
+async def test_compare_lists_verdicts_in_aggregation_order(start_server: StartServer) -> None:
+    _, client = await start_server(num_judges_per_comparison=2, comparison_strategy="all_pairs")
+    reply = await client.compare(PROMPT, CANDIDATES[:3], timeout=30)
+    order = [(c.judge_index, c.response_i, c.response_j) for c in reply.comparisons]
+    assert order == [(k, i, j) for k in (0, 1) for i, j in ((0, 1), (0, 2), (1, 2))]

@@ -1,0 +1,212 @@
+"""A scripted judge, runtime builders and the leak check shared by the runtime tests.
+
+The scripted judge stands in for the HTTP judge client: each call blocks on its own
+``asyncio.Event`` until the test releases it (with a verdict) or fails it, so the
+tests decide exactly when each comparison finishes. Nothing here sleeps for time:
+``until``/``settle`` only yield to the event loop, which runs ready tasks in FIFO
+order, so every interleaving is reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from genrm_grpc.cohort.identity import CandidateInput, ComparisonMode, resolve
+from genrm_grpc.cohort.model import Cohort, MemberCoords, PromptSpec, Submission
+from genrm_grpc.cohort.registry import CohortRegistry, RegistryConfig
+from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
+from genrm_grpc.runtime.clock import ManualClock
+from genrm_grpc.runtime.engine import CohortRuntime, JudgeSchedule, RuntimeConfig
+from genrm_grpc.scoring.types import ScoringParams, Verdict
+from genrm_grpc.store.memory import MemoryStore
+
+PROMPT = PromptSpec(messages=(("user", "Name the largest planet."),), principle="Be accurate.")
+COLLECTION_S = 100.0
+EVALUATION_S = 50.0
+DEFAULT_VERDICT = Verdict(4.0, 2.0, 2.0)
+USAGE = TokenUsage(input_tokens=100, output_tokens=10, reasoning_tokens=3)
+
+
+def text(gid: str | None, i: int, attempt: int | None = 0) -> str:
+    return f"{gid}/{attempt}/{i}: Jupiter"
+
+
+def sub(
+    i: int,
+    *,
+    gid: str | None = "g",
+    attempt: int | None = 0,
+    size: int = 3,
+    answer: str | None = None,
+    prompt: PromptSpec = PROMPT,
+    task_index: int | None = None,
+    mode: ComparisonMode = "rollout_cohort",
+) -> Submission:
+    coords = MemberCoords(
+        rollout_index=i,
+        group_id=gid,
+        group_attempt=attempt,
+        task_index=task_index,
+        group_size=size,
+    )
+    candidate = CandidateInput(
+        output_text=text(gid, i, attempt) if answer is None else answer, reasoning_text="hmm"
+    )
+    got = resolve(coords, prompt, candidate, default_group_size=size, mode=mode)
+    assert isinstance(got, Submission), got
+    return got
+
+
+@dataclass(eq=False)
+class Call:
+    """One judge call; blocked until the test releases or fails it."""
+
+    index: int
+    inp: JudgeInput
+    swap: bool
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    verdict: Verdict | None = None
+    error: BaseException | None = None
+    state: str = "blocked"  # blocked | done | failed | cancelled
+    #: A misbehaving backend that ignores cancellation and answers when released.
+    stubborn: bool = False
+    cancels_ignored: int = 0
+
+    def release(self, verdict: Verdict | None = None) -> None:
+        self.verdict = verdict
+        self.gate.set()
+
+    def fail(self, reason: str = "judge failed: HTTP 503 on every attempt") -> None:
+        self.error = JudgeFailedError(reason)
+        self.gate.set()
+
+    def raise_(self, error: BaseException) -> None:
+        self.error = error
+        self.gate.set()
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return (self.inp.response_1, self.inp.response_2)
+
+
+class ScriptedJudge:
+    """A JudgeBackend whose calls the test controls one by one."""
+
+    def __init__(
+        self,
+        *,
+        auto: bool = False,
+        verdict: Callable[[JudgeInput], Verdict] | None = None,
+    ) -> None:
+        self.auto = auto
+        self.calls: list[Call] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._verdict = verdict or (lambda _inp: DEFAULT_VERDICT)
+
+    async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome:
+        call = Call(len(self.calls), inp, swap)
+        self.calls.append(call)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.auto:
+                call.gate.set()
+            while not call.gate.is_set():
+                try:
+                    await call.gate.wait()
+                except asyncio.CancelledError:
+                    if not call.stubborn:
+                        call.state = "cancelled"
+                        raise
+                    call.cancels_ignored += 1
+            if self.auto:
+                await asyncio.sleep(0)  # a real judge always yields
+            if call.error is not None:
+                call.state = "failed"
+                raise call.error
+            call.state = "done"
+            verdict = call.verdict if call.verdict is not None else self._verdict(inp)
+            return JudgeOutcome(verdict=verdict, usage=USAGE, attempts=1, text="{}")
+        finally:
+            self.in_flight -= 1
+
+    def blocked(self) -> list[Call]:
+        return [c for c in self.calls if c.state == "blocked"]
+
+    def release_all(self, verdict: Verdict | None = None) -> None:
+        for call in self.blocked():
+            call.release(verdict)
+
+
+def make_runtime(
+    judge: ScriptedJudge,
+    clock: ManualClock,
+    *,
+    collection_s: float = COLLECTION_S,
+    evaluation_s: float = EVALUATION_S,
+    max_active: int = 1000,
+    schedule: JudgeSchedule = "after_collection",
+    concurrency: int = 64,
+    scoring: ScoringParams | None = None,
+    mode: ComparisonMode = "rollout_cohort",
+    position_debias: bool = False,
+) -> CohortRuntime:
+    store = MemoryStore(ttl_s=3600.0, max_records=4096)
+    registry = CohortRegistry(
+        RegistryConfig(
+            collection_timeout_s=collection_s,
+            evaluation_timeout_s=evaluation_s,
+            max_active_cohorts=max_active,
+        ),
+        store,
+    )
+    config = RuntimeConfig(
+        comparison_mode=mode,
+        judge_schedule=schedule,
+        judge_max_concurrency=concurrency,
+        scoring=scoring or ScoringParams(),
+        position_debias=position_debias,
+    )
+    return CohortRuntime(registry, judge, config, clock=clock)
+
+
+async def until(predicate: Callable[[], bool], *, spins: int = 2000) -> None:
+    """Yield to the loop until ``predicate`` holds (fails the test if it never does)."""
+    for _ in range(spins):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never became true")
+
+
+async def settle(spins: int = 50) -> None:
+    """Let every ready task run to its next blocking point."""
+    for _ in range(spins):
+        await asyncio.sleep(0)
+
+
+async def assert_no_leaks(
+    runtime: CohortRuntime,
+    *,
+    judge: ScriptedJudge | None = None,
+    cohorts: Iterable[Cohort] = (),
+) -> None:
+    """After a scenario: no task, waiter, permit or cohort body is left behind."""
+    await runtime.drain_tasks()
+    stats = runtime.stats()
+    assert stats["owned_tasks"] == 0, stats
+    assert stats["judge_in_flight"] == 0, stats
+    assert stats["waiters"] == 0, stats
+    assert stats["active_cohorts"] == 0, stats
+    assert stats["live_cohorts"] == 0, stats
+    for cohort in cohorts:
+        assert not cohort.active, cohort.key
+        assert cohort.members == {}, cohort.key
+        assert cohort.snapshot is None, cohort.key
+    if judge is not None:
+        assert judge.in_flight == 0
+        assert not judge.blocked()
+    assert runtime.registry.store.counts()["active_member_sets"] == 0
