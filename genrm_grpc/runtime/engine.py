@@ -492,6 +492,26 @@ class CohortRuntime:
             if task is not None and task is not current and not task.done():
                 task.cancel()
         live.pair_tasks.clear()
+        self._log_outcome(cohort, outcome, len(waiters))
+
+    def _log_outcome(self, cohort: Cohort, outcome: Outcome, waiters: int) -> None:
+        fields: dict[str, object] = {
+            "cohort": str(cohort.key),
+            "group_size": cohort.group_size,
+            "waiters": waiters,
+            "age_s": round(self._clock.now() - cohort.created_at, 3),
+        }
+        if isinstance(outcome, Completed):
+            log.info("cohort completed", extra={**fields, "outcome": "completed"})
+        elif isinstance(outcome, Masked):
+            log.warning(
+                "cohort masked: judge failed",
+                extra={**fields, "outcome": "masked", "reason": outcome.reason},
+            )
+        else:
+            log.warning(
+                "cohort failed", extra={**fields, "outcome": "failed", "reason": outcome.reason}
+            )
 
 
 def _retrieve_exception(task: asyncio.Task[Any]) -> None:
