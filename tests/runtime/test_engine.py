@@ -867,13 +867,6 @@ async def test_compare_judges_a_batch_without_a_cohort(
     await assert_no_leaks(rt, judge=judge)
 
 
-def _has_baseline_aggregate() -> bool:
-    import inspect
-
-    return "baseline" in inspect.signature(aggregate).parameters
-
-
-@pytest.mark.skipif(not _has_baseline_aggregate(), reason="aggregate(baseline=) not there yet")
 async def test_fixed_baseline_judges_every_member_against_the_baseline(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
@@ -895,8 +888,12 @@ async def test_fixed_baseline_judges_every_member_against_the_baseline(
     judge.release_all(Verdict(4, 2, 2))
     outcome = await tickets[0].waiter.wait()  # type: ignore[union-attr]
     assert isinstance(outcome, Completed), outcome
-    assert len(outcome.rewards) == 3
-    assert all(math.isfinite(r.reward) for r in outcome.rewards)
+    # Every verdict (in the member's order) gives the member 4 against the baseline's 2;
+    # the baseline (index 3 = group_size) is scored but gets no reward.
+    assert [r.reward for r in outcome.rewards] == [4.0, 4.0, 4.0]
+    assert [(p.response_i, p.response_j, p.judge_index) for p in outcome.judged] == [
+        (m, 3, k) for k in range(2) for m in range(3)
+    ]
     await assert_no_leaks(rt, judge=judge)
 
 
