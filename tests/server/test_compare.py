@@ -160,3 +160,38 @@ async def test_compare_lists_verdicts_in_aggregation_order(start_server: StartSe
     reply = await client.compare(PROMPT, CANDIDATES[:3], timeout=30)
     order = [(c.judge_index, c.response_i, c.response_j) for c in reply.comparisons]
     assert order == [(k, i, j) for k in (0, 1) for i, j in ((0, 1), (0, 2), (1, 2))]
+
+
+async def test_fixed_baseline_judges_members_against_the_baseline_on_alternating_sides(
+    start_server: StartServer, fake_judge: FakeJudgeServer
+) -> None:
+    from genrm_grpc.judge.fake import fake_verdict, pair_key
+
+    baseline = "Unit testing means testing small units of code."
+    prompt = pb.Prompt(messages=PROMPT.messages, baseline_response=baseline)
+    _, client = await start_server(comparison_mode="fixed_baseline")
+    reply = await client.compare(prompt, CANDIDATES, timeout=30)
+    assert [(c.response_i, c.response_j) for c in reply.comparisons] == [(m, 4) for m in range(4)]
+    sent = set(fake_judge.stats()["pairs"])
+    question = PROMPT.messages[-1].content
+    expected = []
+    for m, answer in enumerate(ANSWERS):
+        judged = answer or "None"
+        if m % 2 == 0:  # member on side 1
+            assert pair_key(judged, baseline) in sent
+            s1, s2, r = fake_verdict(question, judged, baseline)
+        else:  # member on side 2: the verdict is mapped back to the member's side
+            assert pair_key(baseline, judged) in sent
+            s2, s1, r7 = fake_verdict(question, baseline, judged)
+            r = 7 - r7
+        expected.append(s1 + (3.5 - r) if s1 == s2 else float(s1))
+    assert list(reply.rewards) == expected
+
+
+async def test_fixed_baseline_mode_requires_a_baseline(start_server: StartServer) -> None:
+    _, client = await start_server(comparison_mode="fixed_baseline")
+    with pytest.raises(grpc.RpcError) as caught:
+        await client.compare(PROMPT, CANDIDATES, timeout=10)
+    info = error_info(caught.value)
+    assert info.reason == "INVALID_MEMBER"
+    assert info.field_violations[0][0] == "prompt.baseline_response"
