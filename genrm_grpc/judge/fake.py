@@ -578,6 +578,9 @@ def _error_body(message: str, kind: str, code: int) -> dict[str, Any]:
 
 class _FakeJudgeHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog of 5 resets connections when a server opens its
+    # whole judge pool at once; a real judge would not, so neither should its double.
+    request_queue_size = 128
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], state: _State) -> None:
@@ -617,6 +620,9 @@ class _FakeJudgeHTTPServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle on, the body waits for the
+    # client's delayed ACK (~40 ms per call), which would swamp every latency we measure.
+    disable_nagle_algorithm = True
     server_version = "fake-genrm-judge/1"
 
     @property
