@@ -1,0 +1,980 @@
+"""Benchmarks: core cost vs retained cohorts, end-to-end SubmitMember, judge scheduling.
+
+1. ``core``     — ``CohortRegistry.submit`` on a ``MemoryStore`` pre-filled with 100 …
+                  50,000 terminal explicit cohorts (tombstones + watermarks): µs per call
+                  and store records examined per call. Must be flat (PROTOCOL.md "Retention").
+   ``pinned``   — the same mix while more groups are active than the watermark cap
+                  (pinned watermarks must not be rotated wholesale on every request).
+2. ``e2e``      — SubmitMember over real gRPC (loopback) against the fake judge over real
+                  HTTP, with 100 vs 50,000 tombstones pre-filled into the server's store.
+3. ``schedule`` — 16 groups at once with ``judge_max_concurrency=8``: under the priority
+                  scheduler cohorts finish one after another, not all at the end.
+
+``python -m bench.run [--quick]``; results also go to ``bench/results/latest.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import json
+import logging
+import math
+import os
+import pathlib
+import platform
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from importlib import metadata
+from typing import Any
+
+from genrm.cohort.v1 import cohort_pb2 as pb
+from genrm_cohort_client import CohortClient
+
+from genrm_grpc.cohort.identity import CandidateInput, resolve
+from genrm_grpc.cohort.model import (
+    CandidateSpec,
+    CohortKey,
+    Completed,
+    MemberCoords,
+    MemberReward,
+    PromptSpec,
+    Reason,
+    Submission,
+    Tombstone,
+)
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition, RegistryConfig
+from genrm_grpc.config import load_settings
+from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
+from genrm_grpc.server.app import CohortServer
+from genrm_grpc.store.base import CohortStore
+from genrm_grpc.store.memory import MemoryStore
+
+RESULTS_PATH = pathlib.Path(__file__).resolve().parent / "results" / "latest.json"
+SECTIONS = ("core", "pinned", "e2e", "schedule")
+#: A retention long enough that nothing expires during a run (only the count cap evicts).
+LONG_TTL_S = 1e7
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    retained: tuple[int, ...] = (100, 1_000, 10_000, 50_000)
+    core_ops: int = 20_000
+    core_rounds: int = 3
+    pinned_cap: int = 1_000
+    pinned_active: tuple[int, ...] = (500, 5_000)
+    pinned_ops: int = 10_000
+    e2e_retained: tuple[int, ...] = (100, 50_000)
+    e2e_groups: int = 480
+    e2e_rounds: int = 2
+    e2e_warmup_groups: int = 64
+    #: Groups run one at a time after the loaded run: latency without queueing.
+    e2e_unloaded_groups: int = 40
+    e2e_in_flight: int = 64
+    e2e_latency_ms: str = "uniform:5:15"
+    group_size: int = 8
+    sched_groups: int = 16
+    sched_concurrency: int = 8
+    sched_latency_ms: str = "20"
+    seed: int = 0
+    sections: tuple[str, ...] = SECTIONS
+
+
+QUICK = Plan(
+    core_ops=4_000,
+    core_rounds=1,
+    pinned_ops=2_000,
+    e2e_groups=128,
+    e2e_rounds=1,
+    e2e_warmup_groups=16,
+    e2e_unloaded_groups=16,
+)
+
+
+# ----------------------------------------------------------------------------- helpers
+class WarningCounter(logging.Handler):
+    """Counts the service's warnings (judge retries above all) instead of printing each."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: Counter[str] = Counter()
+        self.examples: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        template = str(record.msg)
+        self.counts[template] += 1
+        self.examples.setdefault(template, record.getMessage()[:200])
+
+    def judge_retries(self) -> int:
+        return sum(n for t, n in self.counts.items() if t.startswith("judge attempt"))
+
+
+WARNINGS = WarningCounter()
+
+
+class GcMonitor:
+    """Pauses of the cyclic garbage collector while active (a full collection walks
+    every tracked object, retained tombstones included)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._start))
+
+    def __enter__(self) -> GcMonitor:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+    def total_s(self) -> float:
+        return sum(p for _, p in self.pauses)
+
+    def full(self) -> list[float]:
+        return [p for gen, p in self.pauses if gen == 2]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 1]) of ``values``."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 0
+    mem_gib = math.nan
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu_model(),
+        "cores": cores,
+        "mem_gib": mem_gib,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "grpcio": metadata.version("grpcio"),
+    }
+
+
+def completed_outcome(size: int) -> Completed:
+    return Completed(rewards=tuple(MemberReward(3.0, 3.0, 3.0, 0.0) for _ in range(size)))
+
+
+def prefill(
+    store: CohortStore,
+    count: int,
+    *,
+    prefix: str,
+    attempt: int,
+    group_size: int,
+    prompt_digest: str,
+    digests: dict[int, str],
+    outcome: Completed,
+    now: float,
+) -> list[str]:
+    """Put ``count`` terminal explicit cohorts (tombstone + watermark) into ``store``."""
+    gids = [f"{prefix}-{n}" for n in range(count)]
+    for gid in gids:
+        key = CohortKey(group_id=gid, legacy_key=None, attempt=attempt)
+        store.raise_watermark(gid, attempt, now)
+        store.put_tombstone(
+            Tombstone(
+                key=key,
+                group_size=group_size,
+                prompt_digest=prompt_digest,
+                digests=dict(digests),
+                outcome=outcome,
+                finished_at=now,
+            ),
+            now,
+        )
+    return gids
+
+
+# ----------------------------------------------------------------------------- 1. core
+CORE_PROMPT = PromptSpec(messages=(("system", "Be brief."), ("user", "Name the largest planet.")))
+CORE_SIZE = 2
+CORE_ATTEMPT = 1
+
+#: One cycle of registry events. "new"/"attach"/"fill" drive one fresh cohort of size 2
+#: through collecting → evaluating; it then finishes (timed as "finish") and leaves a
+#: tombstone, so the store stays at its cap and evicts on every cycle.
+CORE_CYCLE = ("replay", "new", "replay", "attach", "superseded", "fill")
+EXPECTED = {
+    "replay": Disposition.REPLAYED,
+    "new": Disposition.ACCEPTED,
+    "attach": Disposition.ATTACHED,
+    "superseded": Disposition.REJECTED,
+    "fill": Disposition.ACCEPTED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CoreFixture:
+    prompt_digest: str
+    candidates: tuple[CandidateSpec, ...]
+    outcome: Completed
+
+    @classmethod
+    def build(cls) -> CoreFixture:
+        subs = []
+        for i in range(CORE_SIZE):
+            got = resolve(
+                MemberCoords(rollout_index=i, group_id="x", group_attempt=0, group_size=CORE_SIZE),
+                CORE_PROMPT,
+                CandidateInput(output_text=f"answer {i}: Jupiter", reasoning_text="thinking"),
+                default_group_size=CORE_SIZE,
+                mode="rollout_cohort",
+            )
+            assert isinstance(got, Submission), got
+            subs.append(got)
+        return cls(
+            prompt_digest=subs[0].prompt_digest,
+            candidates=tuple(s.candidate for s in subs),
+            outcome=completed_outcome(CORE_SIZE),
+        )
+
+    def submission(self, gid: str, index: int, attempt: int = CORE_ATTEMPT) -> Submission:
+        return Submission(
+            coords=MemberCoords(
+                rollout_index=index, group_id=gid, group_attempt=attempt, group_size=CORE_SIZE
+            ),
+            key=CohortKey(group_id=gid, legacy_key=None, attempt=attempt),
+            group_size=CORE_SIZE,
+            prompt=CORE_PROMPT,
+            prompt_digest=self.prompt_digest,
+            candidate=self.candidates[index],
+        )
+
+
+@dataclass(slots=True)
+class CoreSample:
+    retained: int
+    extra_active: int
+    ops: int
+    mean_us: float
+    p50_us: float
+    p99_us: float
+    max_us: float
+    by_kind_mean_us: dict[str, float]
+    finish_mean_us: float
+    examined_per_request: float
+    store_counts: dict[str, int]
+
+
+def core_round(
+    fixture: CoreFixture,
+    *,
+    retained: int,
+    cap: int,
+    ops: int,
+    rng: random.Random,
+    extra_active: int = 0,
+    cycle: Sequence[str] = CORE_CYCLE,
+) -> CoreSample:
+    """Time ``ops`` registry.submit calls against ``retained`` pre-filled terminal cohorts."""
+    if retained < 3:
+        raise ValueError("retained must be >= 3")
+    store = MemoryStore(ttl_s=LONG_TTL_S, max_records=cap)
+    registry = CohortRegistry(
+        RegistryConfig(
+            collection_timeout_s=LONG_TTL_S,
+            evaluation_timeout_s=LONG_TTL_S,
+            max_active_cohorts=max(10_000, extra_active + 10),
+        ),
+        store,
+    )
+    now = 1000.0
+    ended = prefill(
+        store,
+        retained,
+        prefix="old",
+        attempt=CORE_ATTEMPT,
+        group_size=CORE_SIZE,
+        prompt_digest=fixture.prompt_digest,
+        digests={i: c.digest for i, c in enumerate(fixture.candidates)},
+        outcome=fixture.outcome,
+        now=now,
+    )
+    # Groups that stay collecting for the whole run (their watermarks are pinned).
+    for n in range(extra_active):
+        registry.submit(fixture.submission(f"active-{n}", 0), now)
+    # Replay targets come from the newest terminal cohorts, which the cap never evicts
+    # during the cycle (at most one cohort is active at a time).
+    window = min(retained, cap) - 2
+    samples: list[int] = []
+    by_kind: dict[str, list[int]] = {kind: [] for kind in cycle}
+    finish: list[int] = []
+    perf = time.perf_counter_ns
+    gc.collect()
+    examined_before = registry.evictions_examined
+    done = 0
+    n_cycle = 0
+    while done < ops:
+        gid = f"run-{n_cycle}"
+        n_cycle += 1
+        for kind in cycle:
+            if done >= ops:
+                break
+            now += 1e-4
+            if kind == "replay":
+                sub = fixture.submission(ended[-1 - rng.randrange(window)], rng.randrange(2))
+            elif kind == "superseded":
+                target = ended[-1 - rng.randrange(window)]
+                sub = fixture.submission(target, 0, attempt=CORE_ATTEMPT - 1)
+            else:
+                sub = fixture.submission(gid, 1 if kind == "fill" else 0)
+            t0 = perf()
+            decision = registry.submit(sub, now)
+            elapsed = perf() - t0
+            samples.append(elapsed)
+            by_kind[kind].append(elapsed)
+            done += 1
+            if decision.disposition is not EXPECTED[kind] or (
+                kind == "superseded"
+                and (
+                    decision.rejection is None
+                    or decision.rejection.reason is not Reason.ATTEMPT_SUPERSEDED
+                )
+            ):
+                raise RuntimeError(f"{kind}: unexpected decision {decision!r}")
+            if kind == "fill":
+                cohort = decision.cohort
+                if not decision.frozen or cohort is None:
+                    raise RuntimeError(f"fill did not freeze the cohort: {decision!r}")
+                now += 1e-4
+                t0 = perf()
+                ok = registry.evaluation_finished(cohort, fixture.outcome, now)
+                finish.append(perf() - t0)
+                if not ok:
+                    raise RuntimeError("evaluation_finished refused a completed cohort")
+                ended.append(gid)
+    examined = registry.evictions_examined - examined_before
+    return CoreSample(
+        retained=retained,
+        extra_active=extra_active,
+        ops=len(samples),
+        mean_us=statistics.fmean(samples) / 1e3,
+        p50_us=percentile(samples, 0.50) / 1e3,
+        p99_us=percentile(samples, 0.99) / 1e3,
+        max_us=max(samples) / 1e3,
+        by_kind_mean_us={k: statistics.fmean(v) / 1e3 for k, v in by_kind.items() if v},
+        finish_mean_us=statistics.fmean(finish) / 1e3 if finish else math.nan,
+        examined_per_request=examined / len(samples),
+        store_counts=dict(store.counts()),
+    )
+
+
+def merge_rounds(rounds: Sequence[CoreSample]) -> CoreSample:
+    """Median over rounds of each statistic (rounds are interleaved across sizes)."""
+
+    def med(get: Callable[[CoreSample], float]) -> float:
+        return statistics.median(get(r) for r in rounds)
+
+    first = rounds[-1]
+    kinds = first.by_kind_mean_us.keys()
+    return replace(
+        first,
+        ops=sum(r.ops for r in rounds),
+        mean_us=med(lambda r: r.mean_us),
+        p50_us=med(lambda r: r.p50_us),
+        p99_us=med(lambda r: r.p99_us),
+        max_us=max(r.max_us for r in rounds),
+        by_kind_mean_us={k: statistics.median(r.by_kind_mean_us[k] for r in rounds) for k in kinds},
+        finish_mean_us=med(lambda r: r.finish_mean_us),
+        examined_per_request=med(lambda r: r.examined_per_request),
+    )
+
+
+def bench_core(plan: Plan) -> list[CoreSample]:
+    fixture = CoreFixture.build()
+    rng = random.Random(plan.seed)
+    rounds: dict[int, list[CoreSample]] = {n: [] for n in plan.retained}
+    # Warm up the interpreter's caches on a small store first.
+    core_round(fixture, retained=100, cap=100, ops=min(plan.core_ops, 2_000), rng=rng)
+    for _ in range(plan.core_rounds):
+        for retained in plan.retained:
+            sample = core_round(
+                fixture, retained=retained, cap=retained, ops=plan.core_ops, rng=rng
+            )
+            rounds[retained].append(sample)
+            gc.collect()
+    return [merge_rounds(rounds[n]) for n in plan.retained]
+
+
+def bench_pinned(plan: Plan) -> list[CoreSample]:
+    fixture = CoreFixture.build()
+    rng = random.Random(plan.seed + 1)
+    # No "superseded" op here: with more active groups than the cap, terminal groups'
+    # watermarks are (correctly) evicted first, so an old attempt is no longer fenced.
+    cycle = ("replay", "new", "replay", "attach", "fill")
+    return [
+        core_round(
+            fixture,
+            retained=plan.pinned_cap,
+            cap=plan.pinned_cap,
+            ops=plan.pinned_ops,
+            rng=rng,
+            extra_active=active,
+            cycle=cycle,
+        )
+        for active in plan.pinned_active
+    ]
+
+
+# ----------------------------------------------------------------------------- 2. e2e
+QUESTIONS = (
+    "Explain unit testing briefly.",
+    "Why is the sky blue? Answer in two sentences.",
+    "Name three uses of a hash table and explain one of them.",
+    "What does a reward model do in reinforcement learning from feedback?",
+)
+ANSWERS = (
+    "Unit testing checks small pieces of code in isolation so that bugs are caught early.",
+    "Testing units.",
+    "Unit testing is a way to test each unit of code briefly and explain failures clearly.",
+    "",
+    "The sky looks blue because air molecules scatter short blue wavelengths of sunlight "
+    "much more than red ones, so blue light reaches our eyes from every direction.",
+    "Hash tables give caches, symbol tables and sets; a cache maps keys to stored results.",
+    "A reward model scores answers so that training can prefer the better ones.",
+    "I am not sure.",
+)
+
+
+def e2e_prompt(n: int) -> pb.Prompt:
+    return pb.Prompt(messages=[pb.ChatMessage(role="user", content=QUESTIONS[n % len(QUESTIONS)])])
+
+
+async def run_group(client: CohortClient, gid: str, n: int, size: int) -> None:
+    """Submit a whole group concurrently and check every member got a real reward."""
+    prompt = e2e_prompt(n)
+    calls = [
+        client.submit_member(
+            pb.MemberRef(group_id=gid, group_attempt=0, rollout_index=i, group_size=size),
+            prompt,
+            pb.Candidate(output_text=ANSWERS[i % len(ANSWERS)]),
+            timeout=120.0,
+        )
+        for i in range(size)
+    ]
+    results = await asyncio.gather(*calls)
+    for result in results:
+        if result.replayed or result.mask_sample or not math.isfinite(result.reward):
+            raise RuntimeError(f"group {gid}: unexpected result {result}")
+
+
+async def run_groups(
+    client: CohortClient, *, prefix: str, groups: int, in_flight: int, size: int
+) -> list[float]:
+    """Run ``groups`` groups with at most ``in_flight`` at once; per-group latencies (s)."""
+    gate = asyncio.Semaphore(in_flight)
+    latencies: list[float] = []
+
+    async def one(n: int) -> None:
+        async with gate:
+            t0 = time.perf_counter()
+            await run_group(client, f"{prefix}-{n}", n, size)
+            latencies.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(one(n) for n in range(groups)))
+    return latencies
+
+
+async def start_server(judge_url: str, **overrides: Any) -> tuple[CohortServer, CohortClient]:
+    settings = load_settings(
+        listen="127.0.0.1:0",
+        judge={"url": judge_url},
+        genrm_parse_retry_sleep_s=0.01,
+        shutdown_grace_s=1.0,
+        **overrides,
+    )
+    server = CohortServer(settings)
+    port = await server.start()
+    return server, CohortClient(f"127.0.0.1:{port}")
+
+
+@dataclass(slots=True)
+class E2EResult:
+    """One end-to-end run; ``round`` is -1 for all rounds of one size pooled."""
+
+    retained: int
+    round: int
+    groups: int
+    group_size: int
+    in_flight: int
+    judge_latency_ms: str
+    elapsed_s: float
+    cpu_s: float
+    members_per_s: float
+    cohorts_per_s: float
+    group_p50_ms: float
+    group_p99_ms: float
+    unloaded_p50_ms: float
+    unloaded_p99_ms: float
+    judge_calls_per_cohort: float
+    judge_retries: int
+    cpu_ms_per_cohort: float
+    gc_ms_per_cohort: float
+    gc_full_collections: int
+    gc_full_max_ms: float
+    examined_per_member: float
+    store_counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class E2ERun:
+    result: E2EResult
+    latencies: list[float]
+    unloaded: list[float]
+
+
+async def bench_e2e_one(plan: Plan, retained: int, round_: int) -> E2ERun:
+    size = plan.group_size
+    config = FakeJudgeConfig(latency_ms=plan.e2e_latency_ms, seed=plan.seed)
+    with FakeJudgeServer(config) as judge:
+        server, client = await start_server(
+            judge.url,
+            num_rollouts_per_prompt=size,
+            comparison_strategy="circular",
+            cohort_result_ttl_s=LONG_TTL_S,
+            max_terminal_cohorts=retained,
+        )
+        try:
+            prefill(
+                server.registry.store,
+                retained,
+                prefix="old",
+                attempt=0,
+                group_size=size,
+                prompt_digest="0" * 64,
+                digests={i: f"{i:064x}" for i in range(size)},
+                outcome=completed_outcome(size),
+                now=server.runtime.now(),
+            )
+            await run_groups(
+                client,
+                prefix="warmup",
+                groups=plan.e2e_warmup_groups,
+                in_flight=plan.e2e_in_flight,
+                size=size,
+            )
+            gc.collect()
+            judge.reset_stats()
+            examined_before = server.registry.evictions_examined
+            retries_before = WARNINGS.judge_retries()
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            with GcMonitor() as gcm:
+                latencies = await run_groups(
+                    client,
+                    prefix="run",
+                    groups=plan.e2e_groups,
+                    in_flight=plan.e2e_in_flight,
+                    size=size,
+                )
+            elapsed = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
+            examined = server.registry.evictions_examined - examined_before
+            retries = WARNINGS.judge_retries() - retries_before
+            judged = int(judge.stats()["total"])
+            counts = dict(server.registry.store.counts())
+            unloaded = await run_groups(
+                client, prefix="one", groups=plan.e2e_unloaded_groups, in_flight=1, size=size
+            )
+        finally:
+            await client.close()
+            await server.stop()
+    groups = plan.e2e_groups
+    result = E2EResult(
+        retained=retained,
+        round=round_,
+        groups=groups,
+        group_size=size,
+        in_flight=plan.e2e_in_flight,
+        judge_latency_ms=plan.e2e_latency_ms,
+        elapsed_s=elapsed,
+        cpu_s=cpu,
+        members_per_s=groups * size / elapsed,
+        cohorts_per_s=groups / elapsed,
+        group_p50_ms=percentile(latencies, 0.50) * 1e3,
+        group_p99_ms=percentile(latencies, 0.99) * 1e3,
+        unloaded_p50_ms=percentile(unloaded, 0.50) * 1e3,
+        unloaded_p99_ms=percentile(unloaded, 0.99) * 1e3,
+        judge_calls_per_cohort=judged / groups,
+        judge_retries=retries,
+        cpu_ms_per_cohort=cpu * 1e3 / groups,
+        gc_ms_per_cohort=gcm.total_s() * 1e3 / groups,
+        gc_full_collections=len(gcm.full()),
+        gc_full_max_ms=max(gcm.full(), default=0.0) * 1e3,
+        examined_per_member=examined / (groups * size),
+        store_counts=counts,
+    )
+    return E2ERun(result, latencies, unloaded)
+
+
+def pool_e2e(rounds: Sequence[E2ERun]) -> E2EResult:
+    """All rounds of one retained size as one run (totals, pooled latencies)."""
+    results = [run.result for run in rounds]
+    latencies = [t for run in rounds for t in run.latencies]
+    unloaded = [t for run in rounds for t in run.unloaded]
+    first = results[0]
+    groups = sum(r.groups for r in results)
+    elapsed = sum(r.elapsed_s for r in results)
+    cpu = sum(r.cpu_s for r in results)
+    members = groups * first.group_size
+    return replace(
+        first,
+        round=-1,
+        groups=groups,
+        elapsed_s=elapsed,
+        cpu_s=cpu,
+        members_per_s=members / elapsed,
+        cohorts_per_s=groups / elapsed,
+        group_p50_ms=percentile(latencies, 0.50) * 1e3,
+        group_p99_ms=percentile(latencies, 0.99) * 1e3,
+        unloaded_p50_ms=percentile(unloaded, 0.50) * 1e3,
+        unloaded_p99_ms=percentile(unloaded, 0.99) * 1e3,
+        judge_calls_per_cohort=sum(r.judge_calls_per_cohort * r.groups for r in results) / groups,
+        judge_retries=sum(r.judge_retries for r in results),
+        cpu_ms_per_cohort=cpu * 1e3 / groups,
+        gc_ms_per_cohort=sum(r.gc_ms_per_cohort * r.groups for r in results) / groups,
+        gc_full_collections=sum(r.gc_full_collections for r in results),
+        gc_full_max_ms=max(r.gc_full_max_ms for r in results),
+        examined_per_member=sum(r.examined_per_member * r.groups for r in results) / groups,
+        store_counts=results[-1].store_counts,
+    )
+
+
+# ----------------------------------------------------------------------------- 3. schedule
+@dataclass(slots=True)
+class ScheduleResult:
+    groups: int
+    group_size: int
+    judge_max_concurrency: int
+    judge_latency_ms: str
+    completion_ms: list[float]
+    first_ms: float
+    median_ms: float
+    last_ms: float
+    judge_calls: int
+    judge_retries: int
+
+
+async def bench_schedule(plan: Plan) -> ScheduleResult:
+    size = plan.group_size
+    config = FakeJudgeConfig(latency_ms=plan.sched_latency_ms, seed=plan.seed)
+    with FakeJudgeServer(config) as judge:
+        server, client = await start_server(
+            judge.url,
+            num_rollouts_per_prompt=size,
+            comparison_strategy="circular",
+            judge_max_concurrency=plan.sched_concurrency,
+        )
+        try:
+            # Open the gRPC channel and the judge connections before timing.
+            await run_groups(client, prefix="warmup", groups=2, in_flight=2, size=size)
+            judge.reset_stats()
+            retries_before = WARNINGS.judge_retries()
+            t0 = time.perf_counter()
+            done: list[float] = []
+
+            async def one(n: int) -> None:
+                await run_group(client, f"sched-{n}", n, size)
+                done.append(time.perf_counter() - t0)
+
+            await asyncio.gather(*(one(n) for n in range(plan.sched_groups)))
+            judged = int(judge.stats()["total"])
+            retries = WARNINGS.judge_retries() - retries_before
+        finally:
+            await client.close()
+            await server.stop()
+    times = sorted(t * 1e3 for t in done)
+    return ScheduleResult(
+        groups=plan.sched_groups,
+        group_size=size,
+        judge_max_concurrency=plan.sched_concurrency,
+        judge_latency_ms=plan.sched_latency_ms,
+        completion_ms=times,
+        first_ms=times[0],
+        median_ms=statistics.median(times),
+        last_ms=times[-1],
+        judge_calls=judged,
+        judge_retries=retries,
+    )
+
+
+# ----------------------------------------------------------------------------- report
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
+    rule = "  ".join("-" * w for w in widths)
+    body = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join([line, rule, *body])
+
+
+def report_core(samples: Sequence[CoreSample], title: str) -> str:
+    kinds = list(samples[0].by_kind_mean_us)
+    headers = [
+        "retained",
+        "active",
+        "mean µs",
+        "p50 µs",
+        "p99 µs",
+        *(f"{k} µs" for k in kinds),
+        "finish µs",
+        "examined/req",
+    ]
+    rows = [
+        [
+            f"{s.retained:,}",
+            f"{s.extra_active:,}",
+            f"{s.mean_us:.2f}",
+            f"{s.p50_us:.2f}",
+            f"{s.p99_us:.2f}",
+            *(f"{s.by_kind_mean_us[k]:.2f}" for k in kinds),
+            f"{s.finish_mean_us:.2f}",
+            f"{s.examined_per_request:.2f}",
+        ]
+        for s in samples
+    ]
+    return f"{title}\n{table(headers, rows)}"
+
+
+def core_ratios(samples: Sequence[CoreSample]) -> dict[str, float]:
+    lo, hi = samples[0], samples[-1]
+    return {
+        "mean": ratio(hi.mean_us, lo.mean_us),
+        "p99": ratio(hi.p99_us, lo.p99_us),
+        "examined": ratio(hi.examined_per_request, lo.examined_per_request),
+    }
+
+
+def report_e2e(results: Sequence[E2EResult]) -> str:
+    headers = [
+        "retained",
+        "round",
+        "groups",
+        "members/s",
+        "cohorts/s",
+        "group p50 ms",
+        "group p99 ms",
+        "1-in-flight p50/p99 ms",
+        "judge calls/cohort",
+        "retries",
+        "CPU ms/cohort",
+        "GC ms/cohort",
+        "full GCs (max ms)",
+        "examined/member",
+    ]
+    rows = [
+        [
+            f"{r.retained:,}",
+            "all" if r.round < 0 else str(r.round + 1),
+            str(r.groups),
+            f"{r.members_per_s:,.0f}",
+            f"{r.cohorts_per_s:,.1f}",
+            f"{r.group_p50_ms:.1f}",
+            f"{r.group_p99_ms:.1f}",
+            f"{r.unloaded_p50_ms:.1f} / {r.unloaded_p99_ms:.1f}",
+            f"{r.judge_calls_per_cohort:.2f}",
+            str(r.judge_retries),
+            f"{r.cpu_ms_per_cohort:.2f}",
+            f"{r.gc_ms_per_cohort:.2f}",
+            f"{r.gc_full_collections} ({r.gc_full_max_ms:.0f})",
+            f"{r.examined_per_member:.2f}",
+        ]
+        for r in results
+    ]
+    r0 = results[0]
+    title = (
+        f"2. End-to-end SubmitMember (gRPC loopback, fake judge over HTTP, latency "
+        f"{r0.judge_latency_ms} ms; groups of {r0.group_size}, circular, "
+        f"{r0.in_flight} groups in flight)"
+    )
+    return f"{title}\n{table(headers, rows)}"
+
+
+def report_schedule(s: ScheduleResult) -> str:
+    step = float(s.judge_latency_ms) if s.judge_latency_ms.replace(".", "").isdigit() else None
+    times = ", ".join(f"{t:.0f}" for t in s.completion_ms)
+    steps = [b - a for a, b in itertools.pairwise(s.completion_ms)]
+    lines = [
+        f"3. Judge scheduling ({s.groups} groups of {s.group_size} at once, "
+        f"judge_max_concurrency={s.judge_max_concurrency}, judge latency {s.judge_latency_ms} ms,"
+        f" {s.judge_calls} judge calls, {s.judge_retries} retries)",
+        f"   first {s.first_ms:.0f} ms   median {s.median_ms:.0f} ms   last {s.last_ms:.0f} ms",
+        f"   sorted completion times (ms): {times}",
+        f"   median step between consecutive cohorts: {statistics.median(steps):.0f} ms"
+        if steps
+        else "",
+    ]
+    if step is not None:
+        per_cohort = step * s.group_size / s.judge_max_concurrency
+        lines.append(
+            f"   ideal staircase: cohort k done at ≈ k × {per_cohort:.0f} ms "
+            f"(first {per_cohort:.0f}, last {per_cohort * s.groups:.0f}); "
+            f"fair sharing would finish all near {per_cohort * s.groups:.0f} ms"
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- main
+async def run_async(plan: Plan, out: dict[str, Any]) -> None:
+    if "e2e" in plan.sections:
+        runs: dict[int, list[E2ERun]] = {n: [] for n in plan.e2e_retained}
+        for round_ in range(plan.e2e_rounds):  # interleaved, so drift hits both sizes alike
+            for n in plan.e2e_retained:
+                runs[n].append(await bench_e2e_one(plan, n, round_))
+        pooled = [pool_e2e(runs[n]) for n in plan.e2e_retained]
+        rows = [run.result for n in plan.e2e_retained for run in runs[n]]
+        if plan.e2e_rounds > 1:
+            rows = [
+                row
+                for n, p in zip(plan.e2e_retained, pooled, strict=True)
+                for row in (*(run.result for run in runs[n]), p)
+            ]
+        out["e2e"] = [asdict(r) for r in pooled]
+        out["e2e_rounds"] = [asdict(run.result) for n in plan.e2e_retained for run in runs[n]]
+        e2e = rows
+        lo, hi = pooled[0], pooled[-1]
+        out["e2e_ratio"] = {
+            "cohorts_per_s": ratio(hi.cohorts_per_s, lo.cohorts_per_s),
+            "group_p99": ratio(hi.group_p99_ms, lo.group_p99_ms),
+            "cpu_per_cohort": ratio(hi.cpu_ms_per_cohort, lo.cpu_ms_per_cohort),
+        }
+        print(report_e2e(e2e))
+        print(
+            f"   {hi.retained:,} vs {lo.retained:,} retained: cohorts/s ×"
+            f"{out['e2e_ratio']['cohorts_per_s']:.2f}, group p99 ×"
+            f"{out['e2e_ratio']['group_p99']:.2f}, CPU/cohort ×"
+            f"{out['e2e_ratio']['cpu_per_cohort']:.2f}\n",
+            flush=True,
+        )
+    if "schedule" in plan.sections:
+        sched = await bench_schedule(plan)
+        out["schedule"] = asdict(sched)
+        print(report_schedule(sched) + "\n", flush=True)
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[Plan, pathlib.Path]:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (~20 s)")
+    parser.add_argument("--ops", type=int, help="registry.submit calls per retained size")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds of the core benchmark")
+    parser.add_argument("--groups", type=int, help="groups per end-to-end run")
+    parser.add_argument("--in-flight", type=int, help="groups in flight end-to-end")
+    parser.add_argument("--judge-latency", help="fake judge latency spec end-to-end (ms)")
+    parser.add_argument("--seed", type=int, help="random seed")
+    parser.add_argument(
+        "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
+    )
+    parser.add_argument(
+        "--output", type=pathlib.Path, default=RESULTS_PATH, help="JSON results file"
+    )
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else Plan()
+    changes: dict[str, Any] = {
+        "core_ops": args.ops,
+        "core_rounds": args.rounds,
+        "e2e_groups": args.groups,
+        "e2e_in_flight": args.in_flight,
+        "e2e_latency_ms": args.judge_latency,
+        "seed": args.seed,
+        "sections": tuple(args.only) if args.only else None,
+    }
+    plan = replace(plan, **{k: v for k, v in changes.items() if v is not None})
+    return plan, args.output
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    plan, output = parse_args(argv)
+    logging.getLogger("genrm_grpc").addHandler(WARNINGS)
+    started = time.perf_counter()
+    machine = machine_info()
+    out: dict[str, Any] = {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "quick": plan == replace(QUICK, sections=plan.sections, seed=plan.seed),
+        "plan": asdict(plan),
+        "machine": machine,
+    }
+    print(
+        f"machine: {machine['cpu']}, {machine['cores']} cores, {machine['mem_gib']} GiB, "
+        f"Python {machine['python']}, grpcio {machine['grpcio']}\n",
+        flush=True,
+    )
+    if "core" in plan.sections:
+        core = bench_core(plan)
+        ratios = core_ratios(core)
+        out["core"] = [asdict(s) for s in core]
+        out["core_ratio"] = ratios
+        title = (
+            f"1. Core: CohortRegistry.submit vs retained terminal cohorts "
+            f"({plan.core_ops:,} calls x {plan.core_rounds} rounds, MemoryStore at its cap; "
+            f"mix per cycle {'/'.join(CORE_CYCLE)}, then finish)"
+        )
+        print(report_core(core, title))
+        verdict = "flat" if ratios["mean"] < 1.5 and ratios["examined"] < 1.5 else "GROWS"
+        print(
+            f"   {core[-1].retained:,} vs {core[0].retained:,} retained: mean ×"
+            f"{ratios['mean']:.2f}, p99 ×{ratios['p99']:.2f}, examined/req ×"
+            f"{ratios['examined']:.2f} → {verdict}\n",
+            flush=True,
+        )
+    if "pinned" in plan.sections:
+        pinned = bench_pinned(plan)
+        out["pinned"] = [asdict(s) for s in pinned]
+        title = (
+            f"1b. Core with more active groups than the watermark cap "
+            f"(max_terminal_cohorts={plan.pinned_cap:,}; {plan.pinned_ops:,} calls)"
+        )
+        print(report_core(pinned, title) + "\n", flush=True)
+    asyncio.run(run_async(plan, out))
+    out["duration_s"] = round(time.perf_counter() - started, 1)
+    out["warnings"] = dict(WARNINGS.counts)
+    for template, count in WARNINGS.counts.most_common():
+        print(f"warning logged {count}x (incl. warm-up), e.g.: {WARNINGS.examples[template]}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(out, indent=2, allow_nan=True) + "\n")
+    print(f"total {out['duration_s']} s; results written to {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
