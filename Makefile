@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv proto buf-lint lint typecheck test test-fast demo bench clean
+.PHONY: venv proto proto-image buf-deps buf-lint buf-breaking lint typecheck test demo bench clean
 
 venv: $(STAMP)
 
@@ -18,13 +18,24 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
 proto: $(STAMP)
 	$(PY) tools/gen_proto.py
 
-# buf STANDARD lint of our own protos; google/rpc/status.proto comes from the
-# installed googleapis-common-protos (no Buf Schema Registry access needed).
-buf-lint: $(STAMP)
+# buf needs google/rpc/status.proto; it comes from the installed googleapis-common-protos
+# (there is no network to the Buf Schema Registry).
+buf-deps: $(STAMP)
 	@mkdir -p build/proto-deps/google/rpc
 	@$(PY) -c "import google.rpc, pathlib, shutil; shutil.copy(pathlib.Path(next(iter(google.rpc.__path__)))/'status.proto', 'build/proto-deps/google/rpc/status.proto')"
+
+# buf STANDARD lint of our own protos (no exceptions).
+buf-lint: buf-deps
 	$(VENV)/bin/buf lint --path protos/genrm
 	$(VENV)/bin/buf build
+
+# buf FILE breaking against the released baseline image and the previous commit.
+buf-breaking: buf-deps
+	$(PY) tools/buf_breaking.py
+
+# Refresh the baseline image after a deliberate, released contract change.
+proto-image: buf-deps
+	$(VENV)/bin/buf build --path protos/genrm -o api/genrm-cohort-v1.binpb
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -33,7 +44,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: lint typecheck buf-lint
+test: lint typecheck buf-lint buf-breaking
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
