@@ -1,18 +1,28 @@
-# genrm-grpc server image. Build: docker build -t genrm-grpc .
-# Run:   docker run -p 50051:50051 -v $PWD/server.yaml:/etc/genrm/server.yaml genrm-grpc
-FROM python:3.11-slim AS runtime
+# genrm-grpc server image (multi-stage, slim base, non-root, runtime deps only).
+#   docker build -t genrm-grpc .
+#   docker run -p 50051:50051 -v $PWD/server.yaml:/etc/genrm/server.yaml:ro genrm-grpc
+# The two RUN steps are scripts in docker/, which tests/e2e/test_image_steps.py runs in a
+# scratch venv (no Docker engine runs on the CI machines).
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-WORKDIR /app
-
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
 COPY constraints.txt pyproject.toml README.md ./
 COPY clients/python ./clients/python
 COPY genrm_grpc ./genrm_grpc
-RUN pip install -c constraints.txt ./clients/python . \
-    && useradd --system --uid 10001 genrm
-USER genrm
+COPY docker ./docker
+RUN sh docker/build-wheels.sh /src /wheels
 
+FROM python:3.11-slim AS runtime
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY --from=build /wheels /wheels
+COPY docker/install.sh /tmp/install.sh
+RUN sh /tmp/install.sh /wheels && rm -rf /wheels /tmp/install.sh \
+    && useradd --system --uid 10001 --no-create-home genrm
+USER genrm
 EXPOSE 50051
-HEALTHCHECK --interval=10s --timeout=5s CMD ["genrm-grpc", "health", "--target", "127.0.0.1:50051"]
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s \
+    CMD ["genrm-grpc", "health", "--server", "127.0.0.1:50051"]
 ENTRYPOINT ["genrm-grpc", "serve"]
 CMD ["--config", "/etc/genrm/server.yaml", "--listen", "0.0.0.0:50051"]
