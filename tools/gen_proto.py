@@ -15,6 +15,7 @@ from grpc_tools import protoc
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 OUT_ROOT = ROOT / "clients" / "python"
+DESCRIPTOR_SET = "genrm/cohort/v1/cohort_descriptor_set.binpb"
 
 
 def _include_dirs() -> list[str]:
@@ -34,6 +35,11 @@ def generate(out_dir: pathlib.Path) -> None:
     args = ["grpc_tools.protoc"]
     args += [f"-I{d}" for d in _include_dirs()]
     args += [f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}"]
+    # Generated modules drop comments; this descriptor set keeps them so that server
+    # reflection (grpcurl describe) shows the proto comments, the operators' API reference.
+    descriptors = out_dir / DESCRIPTOR_SET
+    descriptors.parent.mkdir(parents=True, exist_ok=True)
+    args += [f"--descriptor_set_out={descriptors}", "--include_source_info", "--include_imports"]
     args += [str(p.relative_to(PROTO_ROOT)) for p in proto_files()]
     code = protoc.main(args)
     if code != 0:
