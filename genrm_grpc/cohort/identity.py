@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from genrm_grpc.cohort.model import (
@@ -122,7 +122,35 @@ def resolve(
     default_group_size: int,
     mode: ComparisonMode,
 ) -> Submission | Rejection:
-    """Validate one member and compute its cohort key and digests (INVALID_MEMBER on error)."""
+    """Validate one member and compute its cohort key and digests (INVALID_MEMBER on error).
+
+    A refusal names the member in its metadata (``groupId``, ``groupAttempt``,
+    ``rolloutIndex``) as far as the request gave them, so a collector can tell which of
+    its members was malformed.
+    """
+    checked = _check(coords, prompt, candidate, default_group_size=default_group_size, mode=mode)
+    if isinstance(checked, Rejection):
+        return replace(checked, metadata={**coords_metadata(coords), **checked.metadata})
+    return checked
+
+
+def coords_metadata(coords: MemberCoords) -> dict[str, str]:
+    """ErrorInfo metadata for the coordinates a client sent (only those it sent)."""
+    meta = {"rolloutIndex": str(coords.rollout_index)}
+    if coords.group_id is not None:
+        meta["groupId"] = coords.group_id[:MAX_ID_LENGTH]
+        meta["groupAttempt"] = str(coords.group_attempt or 0)
+    return meta
+
+
+def _check(
+    coords: MemberCoords,
+    prompt: PromptSpec,
+    candidate: CandidateInput,
+    *,
+    default_group_size: int,
+    mode: ComparisonMode,
+) -> Submission | Rejection:
     if coords.group_id is not None and not coords.group_id.strip():
         return _invalid("member.group_id", "must not be blank when set")
     if coords.group_id is not None and len(coords.group_id) > MAX_ID_LENGTH:

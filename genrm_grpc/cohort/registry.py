@@ -16,6 +16,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from genrm_grpc.cohort.identity import coords_metadata
 from genrm_grpc.cohort.model import (
     LEGACY_RETRY_ADVICE,
     Cohort,
@@ -66,10 +67,7 @@ class SubmitDecision:
 
 def member_metadata(sub: Submission, **extra: str) -> dict[str, str]:
     """ErrorInfo metadata naming the member (groupId, groupAttempt, rolloutIndex)."""
-    meta: dict[str, str] = {"rolloutIndex": str(sub.rollout_index)}
-    if sub.key.group_id is not None:
-        meta["groupId"] = sub.key.group_id
-        meta["groupAttempt"] = str(sub.key.attempt)
+    meta = coords_metadata(sub.coords)
     meta.update(extra)
     return meta
 

@@ -13,6 +13,7 @@ from genrm_grpc.cohort.identity import (
     CandidateInput,
     candidate_spec,
     prompt_digest,
+    resolve,
     resolve_key,
 )
 from genrm_grpc.cohort.model import (
@@ -248,3 +249,21 @@ def test_absurdly_deep_responses_json_is_invalid_not_a_crash() -> None:
     payload = '{"output": ' + "[" * depth + "]" * depth + "}"
     got = candidate_spec(CandidateInput(responses_api_json=payload))
     assert isinstance(got, Rejection) and got.reason is Reason.INVALID_MEMBER
+
+
+def test_an_invalid_member_is_named_in_the_refusal_metadata() -> None:
+    coords = MemberCoords(rollout_index=9, group_id="g7", group_attempt=2, group_size=4)
+    refused = resolve(
+        coords, PROMPT, CandidateInput(output_text="x"), default_group_size=8, mode="rollout_cohort"
+    )
+    assert isinstance(refused, Rejection)
+    assert refused.metadata == {"groupId": "g7", "groupAttempt": "2", "rolloutIndex": "9"}
+    legacy = resolve(
+        MemberCoords(rollout_index=0, task_index=3),
+        PROMPT,
+        CandidateInput(output_text="x", responses_api_json="{}"),
+        default_group_size=8,
+        mode="rollout_cohort",
+    )
+    assert isinstance(legacy, Rejection)
+    assert legacy.metadata == {"rolloutIndex": "0"}
