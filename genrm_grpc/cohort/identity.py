@@ -53,6 +53,15 @@ def _reject_nonfinite(token: str) -> float:
     raise ValueError(f"non-finite number {token} in responses_api_json")
 
 
+def _finite_float(token: str) -> float:
+    # 1e999 is valid JSON but overflows to infinity; it would not survive the canonical
+    # re-encoding (json.dumps writes "Infinity"), so it is refused like NaN/Infinity.
+    value = float(token)
+    if not math.isfinite(value):
+        _reject_nonfinite(token)
+    return value
+
+
 def candidate_spec(candidate: CandidateInput) -> CandidateSpec | Rejection:
     """Texts and digest of a candidate; equal payload ⇔ equal digest."""
     if candidate.responses_api_json:
@@ -62,7 +71,11 @@ def candidate_spec(candidate: CandidateInput) -> CandidateSpec | Rejection:
                 "set either responses_api_json or output_text/reasoning_text, not both",
             )
         try:
-            obj = json.loads(candidate.responses_api_json, parse_constant=_reject_nonfinite)
+            obj = json.loads(
+                candidate.responses_api_json,
+                parse_constant=_reject_nonfinite,
+                parse_float=_finite_float,
+            )
         except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
             return _invalid("candidate.responses_api_json", f"not valid JSON: {exc}")
         if not isinstance(obj, dict):

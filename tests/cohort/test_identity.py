@@ -267,3 +267,12 @@ def test_an_invalid_member_is_named_in_the_refusal_metadata() -> None:
     )
     assert isinstance(legacy, Rejection)
     assert legacy.metadata == {"rolloutIndex": "0"}
+
+
+def test_a_number_that_overflows_to_infinity_is_invalid_like_nan() -> None:
+    for text in ('{"output": [], "x": 1e999}', '{"output": [], "x": -1E400}', '{"x": NaN}'):
+        refused = candidate_spec(CandidateInput(responses_api_json=text))
+        assert isinstance(refused, Rejection), text
+        assert refused.reason is Reason.INVALID_MEMBER
+    ok = candidate_spec(CandidateInput(responses_api_json='{"output": [], "x": 1e300}'))
+    assert isinstance(ok, CandidateSpec)
