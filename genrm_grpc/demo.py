@@ -7,6 +7,9 @@ subprocesses on free ports, then, over real gRPC with the generated client:
    of different quality, printed as a reward table;
 2. ``StreamGroups``: one whole group attempt pushed on a stream, with acceptances,
    judging progress and rewards printed as they arrive;
+3. ``genrm-grpc collect`` (a subprocess) over ``data/demo_rollouts.jsonl``, a small Gym
+   rollout file built from the example prompts, printing the rewards table and the
+   metrics summary of its outputs;
 
 and stops everything.
 """
@@ -20,8 +23,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from importlib import resources
+from pathlib import Path
 
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient, status_error_info
@@ -199,6 +204,44 @@ async def _run(target: str) -> None:
         await _stream_group(client, prompts[3])
 
 
+def _collect(target: str) -> None:
+    print("\n== genrm-grpc collect: a Gym rollout file scored end to end ==")
+    source = resources.files("genrm_grpc.data").joinpath("demo_rollouts.jsonl")
+    with tempfile.TemporaryDirectory() as tmp, resources.as_file(source) as rollouts:
+        out = Path(tmp) / "results.jsonl"
+        command = [sys.executable, "-m", "genrm_grpc.cli", "collect", "--server", target]
+        command += ["--input", str(rollouts), "--output", str(out), "--concurrency", "4"]
+        print("$ genrm-grpc collect --server", target, "--input demo_rollouts.jsonl", end="")
+        print(" --output results.jsonl --concurrency 4")
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        for line in done.stderr.splitlines()[-2:]:
+            print(f"  {line}")
+        if done.returncode != 0:
+            raise RuntimeError(f"genrm-grpc collect exited with {done.returncode}")
+        rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+        metrics = json.loads(out.with_name("results.metrics.json").read_text())
+    print(f"\n  {'task':>4}  {'#':>2}  {'reward':>7}  answer")
+    for row in sorted(rows, key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"])):
+        answer = "".join(
+            part.get("text", "")
+            for item in row["response"]["output"]
+            if item.get("type") == "message"
+            for part in item.get("content", [])
+        )
+        print(
+            f"  {row['_ng_task_index']:>4}  {row['_ng_rollout_index']:>2}  "
+            f"{row['reward']:7.3f}  {_short(answer, 56)}"
+        )
+    reward = metrics["reward"]
+    print(
+        f"\n  metrics: {metrics['usable_rewards']} usable rewards, mean {reward['mean']:.3f}, "
+        f"std {reward['std']:.3f}, min {reward['min']:.3f}, max {reward['max']:.3f}; "
+        f"masked rate {metrics['masked_rate']:.2f}; failures "
+        f"{metrics['failure_rows_by_class'] or 'none'}; "
+        f"{metrics['judge_comparisons']} judge comparisons"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="genrm-grpc demo", description=__doc__)
     parser.parse_args(argv)
@@ -206,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     with running_stack() as (url, target):
         print(f"fake judge at {url}, genrm-grpc at {target}")
         asyncio.run(_run(target))
+        _collect(target)
     print("\nstopped the server and the fake judge.")
     return 0
 

@@ -1,0 +1,480 @@
+"""``CohortClient``: the asyncio client collectors use (retries, group ids, attempts)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from typing import Any, TypeVar
+
+import grpc
+import tenacity
+from genrm.cohort.v1 import cohort_pb2 as pb
+from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
+
+from genrm_cohort_client.errors import CohortError, ErrorDetails, status_error_info
+from genrm_cohort_client.ids import GroupAttempts, new_group_id
+from genrm_cohort_client.options import ChannelOptions, RetryPolicy, make_channel
+
+__all__ = [
+    "CandidateLike",
+    "CohortClient",
+    "PromptLike",
+    "Regenerate",
+    "make_candidate",
+    "make_prompt",
+]
+
+T = TypeVar("T")
+
+PromptLike = pb.Prompt | str | Sequence[tuple[str, str]] | Sequence[Mapping[str, str]]
+"""A ``Prompt``, a single user turn, ``(role, content)`` pairs or ``{"role", "content"}`` dicts."""
+CandidateLike = pb.Candidate | str | Mapping[str, Any]
+"""A ``Candidate``, an answer text, or a whole Responses-API object (sent as JSON)."""
+Regenerate = Callable[[int], Awaitable[Sequence[CandidateLike]]]
+"""Called with the new group attempt after ABORTED; returns the replacement answers."""
+
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+def make_prompt(
+    prompt: PromptLike, *, principle: str | None = None, baseline_response: str | None = None
+) -> pb.Prompt:
+    """Build a ``Prompt`` from any :data:`PromptLike` (a ``Prompt`` is copied as is)."""
+    if isinstance(prompt, pb.Prompt):
+        out = pb.Prompt()
+        out.CopyFrom(prompt)
+    elif isinstance(prompt, str):
+        out = pb.Prompt(messages=[pb.ChatMessage(role="user", content=prompt)])
+    else:
+        messages = []
+        for turn in prompt:
+            if isinstance(turn, Mapping):
+                messages.append(pb.ChatMessage(role=turn["role"], content=turn["content"]))
+            else:
+                role, content = turn
+                messages.append(pb.ChatMessage(role=role, content=content))
+        out = pb.Prompt(messages=messages)
+    if principle is not None:
+        out.principle = principle
+    if baseline_response is not None:
+        out.baseline_response = baseline_response
+    return out
+
+
+def make_candidate(candidate: CandidateLike) -> pb.Candidate:
+    """Build a ``Candidate``: a text becomes ``output_text``, a dict ``responses_api_json``."""
+    if isinstance(candidate, pb.Candidate):
+        return candidate
+    if isinstance(candidate, str):
+        return pb.Candidate(output_text=candidate)
+    return pb.Candidate(responses_api_json=json.dumps(dict(candidate), ensure_ascii=False))
+
+
+class _Done:
+    pass
+
+
+_DONE = _Done()
+
+
+class CohortClient:
+    """Asyncio client of ``genrm.cohort.v1.CohortService``, one channel per client.
+
+    Every method raises :class:`CohortError` (status code, ErrorInfo reason, metadata)
+    and retries ``UNAVAILABLE`` per ``retry`` (a :class:`RetryPolicy`); ``timeout`` is
+    the deadline of *one* call (default ``default_timeout_s``), so the total time of a
+    retried call is bounded by ``RetryPolicy.max_attempts`` / ``max_elapsed_s``. The
+    client must be created and used on one event loop (use :class:`SyncCohortClient`
+    from synchronous code).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        options: ChannelOptions | None = None,
+        retry: RetryPolicy | None = None,
+        default_timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        self.target = target
+        self.options = options or ChannelOptions()
+        self.retry = retry or RetryPolicy()
+        self.default_timeout_s = default_timeout_s
+        self._channel = channel if channel is not None else make_channel(target, self.options)
+        self._metadata = self.options.call_metadata() or None
+        self.stub = pb_grpc.CohortServiceStub(self._channel)
+        self.attempts = GroupAttempts()
+
+    async def __aenter__(self) -> CohortClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        return self._channel
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def _timeout(self, timeout: float | None) -> float | None:
+        return self.default_timeout_s if timeout is None else timeout
+
+    def _call_kwargs(self, timeout: float | None) -> dict[str, Any]:
+        return {
+            "timeout": self._timeout(timeout),
+            "metadata": self._metadata,
+            "wait_for_ready": self.options.wait_for_ready,
+        }
+
+    @staticmethod
+    def _retryable(policy: RetryPolicy, exc: BaseException) -> bool:
+        if not isinstance(exc, CohortError):
+            return False
+        if exc.code == grpc.StatusCode.UNAVAILABLE:
+            return True
+        return (
+            exc.code == grpc.StatusCode.DEADLINE_EXCEEDED
+            and policy.retry_deadline_exceeded
+            and not exc.reason
+        )
+
+    def _retrying(self, policy: RetryPolicy) -> tenacity.AsyncRetrying:
+        stop: Any = tenacity.stop_after_attempt(policy.max_attempts)
+        if policy.max_elapsed_s is not None:
+            stop = stop | tenacity.stop_after_delay(policy.max_elapsed_s)
+        wait = tenacity.wait_exponential(
+            multiplier=policy.initial_backoff_s, max=policy.max_backoff_s
+        ) + tenacity.wait_random(0, policy.jitter_s)
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            if policy.on_retry is not None and state.outcome is not None:
+                exc = state.outcome.exception()
+                sleep = state.next_action.sleep if state.next_action else 0.0
+                if isinstance(exc, Exception):
+                    policy.on_retry(exc, state.attempt_number, float(sleep))
+
+        return tenacity.AsyncRetrying(
+            stop=stop,
+            wait=wait,
+            retry=tenacity.retry_if_exception(lambda e: self._retryable(policy, e)),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+
+    async def _with_retry(self, policy: RetryPolicy | None, call: Callable[[], Awaitable[T]]) -> T:
+        policy = policy or self.retry
+        calls = 0
+        try:
+            async for attempt in self._retrying(policy):
+                with attempt:
+                    calls += 1
+                    return await call()
+        except CohortError as exc:
+            exc.attempts = calls
+            raise
+        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    async def _unary(self, method: Any, request: Any, timeout: float | None, **ctx: Any) -> Any:
+        try:
+            return await method(request, **self._call_kwargs(timeout))
+        except grpc.RpcError as exc:
+            raise CohortError.from_rpc_error(exc, **ctx) from None
+
+    # -- unary RPCs ------------------------------------------------------------------
+
+    async def submit_member(
+        self,
+        member: pb.MemberRef,
+        prompt: PromptLike,
+        candidate: CandidateLike,
+        *,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> pb.MemberResult:
+        """``SubmitMember``: waits for the cohort's outcome; resends on UNAVAILABLE."""
+        request = pb.SubmitMemberRequest(
+            member=member, prompt=make_prompt(prompt), candidate=make_candidate(candidate)
+        )
+        ctx: dict[str, Any] = {}
+        if member.HasField("group_id"):
+            ctx = {"group_id": member.group_id, "group_attempt": member.group_attempt}
+            self.attempts.record(member.group_id, member.group_attempt)
+
+        async def once() -> pb.MemberResult:
+            response = await self._unary(self.stub.SubmitMember, request, timeout, **ctx)
+            result: pb.MemberResult = response.result
+            return result
+
+        return await self._with_retry(retry, once)
+
+    async def compare(
+        self,
+        prompt: PromptLike,
+        candidates: Iterable[CandidateLike],
+        *,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> pb.CompareResponse:
+        """``Compare`` (stateless); a judge failure is UNAVAILABLE/JUDGE_FAILED, retried."""
+        request = pb.CompareRequest(
+            prompt=make_prompt(prompt), candidates=[make_candidate(c) for c in candidates]
+        )
+
+        async def once() -> pb.CompareResponse:
+            response: pb.CompareResponse = await self._unary(self.stub.Compare, request, timeout)
+            return response
+
+        return await self._with_retry(retry, once)
+
+    async def get_cohort(
+        self,
+        member: pb.MemberRef | str,
+        *,
+        attempt: int | None = None,
+        prompt: PromptLike | None = None,
+        timeout: float | None = 30.0,
+        retry: RetryPolicy | None = None,
+    ) -> pb.CohortInfo:
+        """``GetCohort`` by ``MemberRef`` or group id (no ``attempt``: the newest one)."""
+        if isinstance(member, str):
+            ref = pb.MemberRef(group_id=member)
+            if attempt is not None:
+                ref.group_attempt = attempt
+        else:
+            ref = member
+        request = pb.GetCohortRequest(member=ref)
+        if prompt is not None:
+            request.prompt.CopyFrom(make_prompt(prompt))
+
+        async def once() -> pb.CohortInfo:
+            response = await self._unary(self.stub.GetCohort, request, timeout)
+            info: pb.CohortInfo = response.cohort
+            return info
+
+        return await self._with_retry(retry, once)
+
+    # -- streams ---------------------------------------------------------------------
+
+    async def stream_groups(
+        self,
+        requests: AsyncIterable[pb.SubmitMemberRequest] | Iterable[pb.SubmitMemberRequest],
+        *,
+        timeout: float | None = None,
+    ) -> AsyncIterator[pb.StreamGroupsResponse]:
+        """Raw ``StreamGroups``: yields every event; no retries (see ``evaluate_group``)."""
+
+        async def wrap() -> AsyncIterator[pb.StreamGroupsRequest]:
+            if isinstance(requests, AsyncIterable):
+                async for item in requests:
+                    yield pb.StreamGroupsRequest(member=item)
+            else:
+                for item in requests:
+                    yield pb.StreamGroupsRequest(member=item)
+
+        call = self.stub.StreamGroups(wrap(), **self._call_kwargs(timeout))
+        try:
+            async for event in call:
+                yield event
+        except grpc.RpcError as exc:
+            raise CohortError.from_rpc_error(exc) from None
+        finally:
+            call.cancel()
+
+    async def evaluate_group(
+        self,
+        prompt: PromptLike,
+        candidates: Sequence[CandidateLike],
+        *,
+        group_id: str | None = None,
+        attempt: int | None = None,
+        group_size: int | None = None,
+        rollout_indices: Sequence[int] | None = None,
+        task_index: int | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        max_group_attempts: int = 1,
+        regenerate: Regenerate | None = None,
+        reuse_answers_on_abort: bool = False,
+        on_event: Callable[[pb.StreamGroupsResponse], None] | None = None,
+    ) -> AsyncGenerator[pb.MemberResult, None]:
+        """Submit a group on ``StreamGroups`` and yield each member's result as it arrives.
+
+        ``candidates[k]`` fills slot ``rollout_indices[k]`` (default ``k``); the group size
+        defaults to the number of candidates. ``group_id`` defaults to a freshly minted
+        time-ordered id; ``attempt`` defaults to the newest attempt this client used for
+        the group (0 for a new one), so calling again resends the same attempt, which
+        reattaches or replays and never costs a second judge call.
+
+        Members that fail with ``UNAVAILABLE`` (or whose stream breaks) are resent
+        identically on a new stream per ``retry``. ``ABORTED`` means the group attempt
+        failed: when ``max_group_attempts`` > 1 *and* the caller opted in (``regenerate``
+        returns fresh answers for the new attempt — for the same slots, or for every slot
+        of the group — or ``reuse_answers_on_abort`` resends the same ones), the group is
+        resubmitted as attempt + 1. Otherwise, and
+        for every non-retryable status, a :class:`CohortError` is raised.
+        ``on_event`` sees every raw stream event (acceptances, ``pair_judged`` progress).
+        """
+        if max_group_attempts < 1:
+            raise ValueError("max_group_attempts must be >= 1")
+        answers = [make_candidate(c) for c in candidates]
+        indices = list(range(len(answers))) if rollout_indices is None else list(rollout_indices)
+        if len(indices) != len(answers) or len(set(indices)) != len(indices):
+            raise ValueError("rollout_indices must be distinct, one per candidate")
+        if not answers:
+            raise ValueError("a group needs at least one candidate")
+        size = len(answers) if group_size is None else group_size
+        gid = group_id if group_id is not None else new_group_id()
+        current = self.attempts.current(gid) if attempt is None else attempt
+        base_prompt = make_prompt(prompt)
+        queue: asyncio.Queue[pb.MemberResult | _Done | BaseException] = asyncio.Queue()
+
+        async def worker() -> None:
+            nonlocal answers, current, indices
+            try:
+                for group_try in range(max_group_attempts):
+                    self.attempts.record(gid, current)
+                    members = {
+                        idx: pb.SubmitMemberRequest(
+                            member=self._ref(gid, current, idx, size, task_index),
+                            prompt=base_prompt,
+                            candidate=answer,
+                        )
+                        for idx, answer in zip(indices, answers, strict=True)
+                    }
+                    try:
+                        await self._evaluate_attempt(
+                            gid, current, members, timeout, retry, on_event, queue.put_nowait
+                        )
+                        break
+                    except CohortError as exc:
+                        opted_in = regenerate is not None or reuse_answers_on_abort
+                        if (
+                            exc.code != grpc.StatusCode.ABORTED
+                            or not opted_in
+                            or group_try + 1 >= max_group_attempts
+                        ):
+                            raise
+                    current = max(current + 1, self.attempts.next(gid))
+                    if regenerate is not None:
+                        answers = [make_candidate(c) for c in await regenerate(current)]
+                        if len(answers) == size and len(indices) != size:
+                            indices = list(range(size))  # a whole replacement group
+                        elif len(answers) != len(indices):
+                            raise ValueError(
+                                f"regenerate returned {len(answers)} answers for "
+                                f"{len(indices)} slots (or {size} for the whole group)"
+                            )
+                queue.put_nowait(_DONE)
+            except BaseException as exc:  # delivered to the consumer, re-raised there
+                queue.put_nowait(exc)
+                if not isinstance(exc, Exception):
+                    raise
+
+        task = asyncio.create_task(worker())
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, _Done):
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def evaluate_group_all(
+        self, prompt: PromptLike, candidates: Sequence[CandidateLike], **kwargs: Any
+    ) -> list[pb.MemberResult]:
+        """:meth:`evaluate_group`, collected and ordered by rollout index."""
+        results = [r async for r in self.evaluate_group(prompt, candidates, **kwargs)]
+        return sorted(results, key=lambda r: r.member.rollout_index)
+
+    @staticmethod
+    def _ref(
+        group_id: str, attempt: int, index: int, size: int, task_index: int | None
+    ) -> pb.MemberRef:
+        ref = pb.MemberRef(
+            group_id=group_id, group_attempt=attempt, rollout_index=index, group_size=size
+        )
+        if task_index is not None:
+            ref.task_index = task_index
+        return ref
+
+    async def _evaluate_attempt(
+        self,
+        group_id: str,
+        attempt: int,
+        members: dict[int, pb.SubmitMemberRequest],
+        timeout: float | None,
+        retry: RetryPolicy | None,
+        on_event: Callable[[pb.StreamGroupsResponse], None] | None,
+        emit: Callable[[pb.MemberResult], None],
+    ) -> None:
+        pending = dict(members)
+
+        async def one_stream() -> None:
+            await self._stream_round(
+                group_id, attempt, pending, timeout, retry or self.retry, on_event, emit
+            )
+
+        await self._with_retry(retry, one_stream)
+
+    async def _stream_round(
+        self,
+        group_id: str,
+        attempt: int,
+        pending: dict[int, pb.SubmitMemberRequest],
+        timeout: float | None,
+        policy: RetryPolicy,
+        on_event: Callable[[pb.StreamGroupsResponse], None] | None,
+        emit: Callable[[pb.MemberResult], None],
+    ) -> None:
+        """One stream carrying every pending member; results leave ``pending``."""
+        ctx: dict[str, Any] = {"group_id": group_id, "group_attempt": attempt}
+        requests = [pb.StreamGroupsRequest(member=m) for m in pending.values()]
+        call = self.stub.StreamGroups(iter(requests), **self._call_kwargs(timeout))
+        retry_later: ErrorDetails | None = None
+        try:
+            async for event in call:
+                if on_event is not None:
+                    on_event(event)
+                kind = event.WhichOneof("event")
+                if kind == "result":
+                    index = event.result.member.rollout_index
+                    if pending.pop(index, None) is not None:
+                        emit(event.result)
+                elif kind == "error":
+                    details = status_error_info(event.error.status)
+                    error = CohortError(details, **ctx)
+                    if not self._retryable(policy, error):
+                        raise error
+                    retry_later = details
+        except grpc.RpcError as exc:
+            raise CohortError.from_rpc_error(exc, **ctx) from None
+        finally:
+            call.cancel()
+        if pending:
+            details = retry_later or ErrorDetails(
+                code=grpc.StatusCode.UNAVAILABLE,
+                message=f"stream ended without outcomes for members {sorted(pending)}",
+            )
+            raise CohortError(details, **ctx)

@@ -1,0 +1,127 @@
+"""Channel and retry options: keepalive, message limits, TLS, bearer token, backoff."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "ChannelOptions", "RetryPolicy", "make_channel"]
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ChannelOptions:
+    """How the client's one channel is built.
+
+    Keepalive matches the server's policy (it permits pings every >= 20 s without
+    data): a ping every 30 s, 10 s to answer, also while no call is active, with no
+    limit on pings without data. ``wait_for_ready`` makes calls wait for a connection
+    (until their deadline) instead of failing at once while the server is unreachable.
+    TLS is on when ``tls`` is true or any certificate is given; ``client_cert_chain`` +
+    ``client_private_key`` (PEM) enable mutual TLS. ``bearer_token`` is sent as
+    ``authorization: Bearer <token>`` metadata on every call (use TLS outside loopback).
+    """
+
+    max_send_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_receive_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    keepalive_time_ms: int = 30_000
+    keepalive_timeout_ms: int = 10_000
+    keepalive_permit_without_calls: bool = True
+    wait_for_ready: bool = True
+    initial_reconnect_backoff_ms: int = 1_000
+    max_reconnect_backoff_ms: int = 10_000
+    tls: bool = False
+    root_certificates: bytes | None = None
+    client_private_key: bytes | None = None
+    client_cert_chain: bytes | None = None
+    server_name_override: str | None = None
+    bearer_token: str | None = None
+    user_agent: str = "genrm-cohort-client/0.2"
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.client_private_key is None) != (self.client_cert_chain is None):
+            raise ValueError("mutual TLS needs both client_private_key and client_cert_chain")
+        for name in ("max_send_message_bytes", "max_receive_message_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+    @property
+    def secure(self) -> bool:
+        return bool(
+            self.tls or self.root_certificates or self.client_cert_chain or self.client_private_key
+        )
+
+    def grpc_options(self) -> list[tuple[str, Any]]:
+        options: list[tuple[str, Any]] = [
+            ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", int(self.keepalive_permit_without_calls)),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.max_send_message_length", self.max_send_message_bytes),
+            ("grpc.max_receive_message_length", self.max_receive_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", self.initial_reconnect_backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", self.initial_reconnect_backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", self.max_reconnect_backoff_ms),
+            ("grpc.primary_user_agent", self.user_agent),
+        ]
+        if self.server_name_override:
+            options.append(("grpc.ssl_target_name_override", self.server_name_override))
+        options.extend(self.extra)
+        return options
+
+    def call_metadata(self) -> tuple[tuple[str, str], ...]:
+        if self.bearer_token:
+            return (("authorization", f"Bearer {self.bearer_token}"),)
+        return ()
+
+
+def make_channel(target: str, options: ChannelOptions) -> grpc.aio.Channel:
+    """An aio channel for ``target`` (must be called with the event loop that will use it)."""
+    if options.secure:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=options.root_certificates,
+            private_key=options.client_private_key,
+            certificate_chain=options.client_cert_chain,
+        )
+        return grpc.aio.secure_channel(target, credentials, options=options.grpc_options())
+    return grpc.aio.insecure_channel(target, options=options.grpc_options())
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When and how often the *same* submission is resent (tenacity under the hood).
+
+    * ``UNAVAILABLE`` (transport failure, server draining or restarting) is retried with
+      exponential backoff (``initial_backoff_s`` doubling up to ``max_backoff_s``) plus
+      up to ``jitter_s`` of random jitter, at most ``max_attempts`` calls in all and,
+      when set, no later than ``max_elapsed_s`` after the first call. Resending is safe:
+      an identical member reattaches to its cohort or replays its cached result.
+    * ``DEADLINE_EXCEEDED`` is *not* retried by default: the per-call deadline is the
+      caller's budget. With ``retry_deadline_exceeded`` it is retried like UNAVAILABLE,
+      but only when the status carries no ErrorInfo (i.e. it was the transport deadline).
+    * ``ABORTED`` is never resent as is (the group attempt failed); see
+      ``CohortClient.evaluate_group(max_group_attempts=...)`` for replacement groups.
+    * ``INVALID_ARGUMENT``, ``FAILED_PRECONDITION``, ``ALREADY_EXISTS`` and everything
+      else are never retried.
+
+    ``on_retry(error, calls_so_far, sleep_s)`` is called before each backoff sleep.
+    """
+
+    max_attempts: int = 8
+    initial_backoff_s: float = 0.2
+    max_backoff_s: float = 10.0
+    jitter_s: float = 0.2
+    max_elapsed_s: float | None = None
+    retry_deadline_exceeded: bool = False
+    on_retry: Callable[[Exception, int, float], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.jitter_s < 0:
+            raise ValueError("backoff and jitter must be >= 0")
