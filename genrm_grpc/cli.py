@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pathlib
 import sys
 
 from genrm_grpc.config import ConfigError, load_settings
@@ -24,6 +25,8 @@ _FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--genrm-parse-retry-sleep-s", "genrm_parse_retry_sleep_s", float),
     ("--max-active-cohorts", "max_active_cohorts", int),
     ("--shutdown-grace-s", "shutdown_grace_s", float),
+    ("--metrics-listen", "metrics_listen", str),
+    ("--max-concurrent-streams", "max_concurrent_streams", int),
     ("--log-level", "log_level", str),
     ("--log-format", "log_format", str),
 )
@@ -69,32 +72,83 @@ def _serve(argv: list[str]) -> int:
 
 
 def _health(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="genrm-grpc health")
-    parser.add_argument("--target", default="127.0.0.1:50051")
-    parser.add_argument("--service", default="")
+    parser = argparse.ArgumentParser(
+        prog="genrm-grpc health",
+        description="Check grpc.health.v1: exit 0 only when the service is SERVING.",
+    )
+    parser.add_argument("--server", "--target", dest="server", default="127.0.0.1:50051")
+    parser.add_argument("--service", default="", help="service name ('' = the whole server)")
     parser.add_argument("--timeout-s", type=float, default=5.0)
+    parser.add_argument("--tls", action="store_true", help="connect with TLS")
+    parser.add_argument("--ca-file", help="PEM CA bundle to verify the server (implies --tls)")
+    parser.add_argument("--cert-file", help="client certificate for mTLS (implies --tls)")
+    parser.add_argument("--key-file", help="client private key for mTLS")
+    parser.add_argument(
+        "--server-name", help="TLS name to verify instead of the host (e.g. probes on 127.0.0.1)"
+    )
+    parser.add_argument("--token-file", help="file holding a bearer token (the first one is used)")
+    parser.add_argument("--token-env", help="environment variable holding a bearer token")
     args = parser.parse_args(argv)
+
+    import os
 
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(args.target) as channel:
+    if (args.cert_file is None) != (args.key_file is None):
+        print("genrm-grpc health: --cert-file and --key-file go together", file=sys.stderr)
+        return 2
+    metadata: list[tuple[str, str]] = []
+    try:
+        token = None
+        if args.token_file:
+            lines = pathlib.Path(args.token_file).read_text().split()
+            token = lines[0] if lines else None
+        elif args.token_env:
+            token = os.environ.get(args.token_env, "").split(",")[0].strip() or None
+        if (args.token_file or args.token_env) and token is None:
+            print("genrm-grpc health: no token in --token-file/--token-env", file=sys.stderr)
+            return 2
+        if token is not None:
+            metadata.append(("authorization", f"Bearer {token}"))
+        secure = args.tls or args.ca_file or args.cert_file
+        options = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
+        if secure:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(args.ca_file),
+                private_key=_read(args.key_file),
+                certificate_chain=_read(args.cert_file),
+            )
+            channel = grpc.secure_channel(args.server, creds, options=options)
+        else:
+            channel = grpc.insecure_channel(args.server, options=options)
+    except OSError as exc:
+        print(f"genrm-grpc health: {exc}", file=sys.stderr)
+        return 2
+
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(
-                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout_s
+                health_pb2.HealthCheckRequest(service=args.service),
+                timeout=args.timeout_s,
+                metadata=metadata,
             )
         except grpc.RpcError as exc:
-            print(f"{args.target}: {exc.code().name}: {exc.details()}")
+            print(f"{args.server}: {exc.code().name}: {exc.details()}")
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    print(f"{args.target} {args.service or '(overall)'}: {status}")
+    print(f"{args.server} {args.service or '(overall)'}: {status}")
     return 0 if status == "SERVING" else 1
+
+
+def _read(path: str | None) -> bytes | None:
+    return None if path is None else pathlib.Path(path).read_bytes()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = ("serve", "fake-judge", "demo", "health")
+    commands = ("serve", "fake-judge", "demo", "health", "collect")
     if not args or args[0] not in commands:
         print(f"usage: genrm-grpc {{{'|'.join(commands)}}} [options]  (--help per command)")
         return 0 if args and args[0] in ("-h", "--help") else 2
@@ -103,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(rest)
     if command == "health":
         return _health(rest)
+    if command == "collect":
+        from genrm_grpc.collect import main as collect_main
+
+        return collect_main(rest)
     if command == "fake-judge":
         from genrm_grpc.judge.fake import main as fake_main
 

@@ -14,10 +14,19 @@ import pathlib
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FilePath,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from genrm_grpc.cohort.identity import MAX_GROUP_SIZE
 from genrm_grpc.scoring.types import ScoringParams
 
 # Every deadline must be finite and > 0: null, 0, negatives, NaN and ∞ are refused.
@@ -57,6 +66,83 @@ class JudgeSettings(BaseModel):
                 f"judge.api_key_env names {self.api_key_env!r}, but that variable is not set"
             )
         return value
+
+
+def _host_port(value: str, name: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{name} must be HOST:PORT, got {value!r}")
+    return value
+
+
+class TlsSettings(BaseModel):
+    """Server TLS; mutual TLS when ``client_ca_file`` is set and ``require_client_auth``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cert_file: FilePath
+    key_file: FilePath
+    #: PEM bundle of the CAs whose client certificates are accepted.
+    client_ca_file: FilePath | None = None
+    require_client_auth: bool = False
+
+    @model_validator(mode="after")
+    def _client_auth_needs_ca(self) -> TlsSettings:
+        if self.require_client_auth and self.client_ca_file is None:
+            raise ValueError("tls.require_client_auth needs tls.client_ca_file")
+        return self
+
+
+class AuthSettings(BaseModel):
+    """Bearer tokens accepted from clients: a file (one per line) or an env var (commas).
+
+    Only where the tokens live is configuration; the tokens themselves never are, so they
+    never end up in a YAML file, a flag, ``ps`` output or a log line.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens_file: FilePath | None = None
+    tokens_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source_with_tokens(self) -> AuthSettings:
+        if (self.tokens_file is None) == (self.tokens_env is None):
+            raise ValueError("auth needs exactly one of tokens_file and tokens_env")
+        self.tokens()  # fail at start-up, not at the first call
+        return self
+
+    def tokens(self) -> tuple[str, ...]:
+        """The accepted tokens (read now, so a rotated file is picked up on restart)."""
+        if self.tokens_file is not None:
+            try:
+                text = pathlib.Path(self.tokens_file).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(
+                    f"cannot read auth.tokens_file {self.tokens_file}: {exc}"
+                ) from None
+            raw = [line.strip() for line in text.splitlines()]
+            raw = [t for t in raw if t and not t.startswith("#")]
+            source = f"auth.tokens_file {self.tokens_file}"
+        else:
+            assert self.tokens_env is not None
+            raw = [t.strip() for t in os.environ.get(self.tokens_env, "").split(",")]
+            raw = [t for t in raw if t]
+            source = f"auth.tokens_env {self.tokens_env!r}"
+        if not raw:
+            raise ValueError(f"{source} holds no token")
+        for token in raw:
+            # Tokens travel in an HTTP/2 header: printable ASCII without spaces.
+            if not token.isascii() or not token.isprintable() or " " in token:
+                raise ValueError(f"{source}: tokens must be printable ASCII without spaces")
+        return tuple(raw)
+
+
+class TracingSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    exporter: Literal["console", "otlp"] = "console"
 
 
 _yaml_path: contextvars.ContextVar[pathlib.Path | None] = contextvars.ContextVar(
@@ -126,14 +212,38 @@ class Settings(BaseSettings):
     max_message_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     shutdown_grace_s: Seconds = 30.0
     store: Literal["memory"] = "memory"
+
+    # --- operations and security
+    #: Prometheus endpoint ``HOST:PORT`` (its own port); None = no metrics endpoint.
+    metrics_listen: str | None = None
+    tls: TlsSettings | None = None
+    auth: AuthSettings | None = None
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    max_concurrent_streams: Annotated[int, Field(ge=1)] = 256
+    max_group_size: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)] = MAX_GROUP_SIZE
+    max_prompt_messages: Annotated[int, Field(ge=1)] = 1024
+    max_text_chars: Annotated[int, Field(ge=1)] = 1024 * 1024
+    max_compare_candidates: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)] = 64
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
 
+    @field_validator("listen")
+    @classmethod
+    def _listen_has_port(cls, value: str) -> str:
+        return _host_port(value, "listen")
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen_has_port(cls, value: str | None) -> str | None:
+        return None if value is None else _host_port(value, "metrics_listen")
+
     @model_validator(mode="after")
-    def _listen_has_port(self) -> Settings:
-        host, sep, port = self.listen.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"listen must be HOST:PORT, got {self.listen!r}")
+    def _default_group_fits(self) -> Settings:
+        if self.num_rollouts_per_prompt > self.max_group_size:
+            raise ValueError(
+                f"num_rollouts_per_prompt={self.num_rollouts_per_prompt} exceeds "
+                f"max_group_size={self.max_group_size}"
+            )
         return self
 
     @classmethod

@@ -41,6 +41,7 @@ from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt
 from tenacity.retry import retry_base
 from tenacity.wait import wait_base
 
+from genrm_grpc.observability.hooks import ComparisonOutcome, JudgeObserver, NullJudgeObserver
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.scoring.verdict import parse_verdict
 
@@ -148,8 +149,10 @@ class JudgeOutcome:
 class JudgeFailedError(Exception):
     """The judge gave no usable answer; ``reason`` says why (at most 2000 characters)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, kind: str = "failed") -> None:
         self.reason = _truncate(reason, MAX_REASON_CHARS)
+        #: What ended the attempt (``deadline``, ``http_400``, ...), for metrics.
+        self.kind = kind
         super().__init__(self.reason)
 
 
@@ -277,8 +280,10 @@ class JudgeClient:
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
+        observer: JudgeObserver | None = None,
     ) -> None:
         self._config = config
+        self._observer: JudgeObserver = observer or NullJudgeObserver()
         self._endpoint = config.endpoint
         self._sleep = sleep
         self._backoff = _Backoff(config.retry_sleep_s, config.max_retry_sleep_s, random)
@@ -336,6 +341,7 @@ class JudgeClient:
             wait = retry_state.next_action.sleep if retry_state.next_action else 0.0
             kind = failure.kind if isinstance(failure, _AttemptFailed) else "unknown"
             detail = failure.detail if isinstance(failure, _AttemptFailed) else repr(failure)
+            self._observer.judge_retry(kind)
             logger.warning(
                 "judge attempt %d/%d failed (%s); retrying in %.3fs: %s",
                 retry_state.attempt_number,
@@ -363,13 +369,20 @@ class JudgeClient:
             reraise=True,
         )
         result: tuple[Verdict, str] | None = None
+        started = time.perf_counter()
+        outcome: ComparisonOutcome = "failed"
         try:
             async for attempt in retrying:
                 with attempt:
                     result = await self._attempt(payload, tally)
+            outcome = "ok"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         except _AttemptFailed as last:
             if last.kind != "unparseable":
                 raise JudgeFailedError(self._exhausted_reason(last, tally)) from last
+            outcome = "default_verdict"
             logger.warning(
                 "judge answer unparseable after %d attempts; using the default verdict",
                 tally.attempts,
@@ -384,6 +397,8 @@ class JudgeClient:
                 cfg.default_score, cfg.default_score, cfg.default_ranking, parse_failed=True
             )
             result = (default, last.text)
+        finally:
+            self._observer.judge_comparison(outcome, time.perf_counter() - started)
         assert result is not None  # tenacity either returned a result or raised
         verdict, text = result
         return JudgeOutcome(
@@ -422,6 +437,22 @@ class JudgeClient:
 
     async def _attempt(self, payload: dict[str, Any], tally: _Tally) -> tuple[Verdict, str]:
         """One HTTP attempt: a verdict, or ``_AttemptFailed`` / ``JudgeFailedError``."""
+        started = time.perf_counter()
+        outcome = "error"  # an unexpected exception (a bug): still counted and timed
+        try:
+            verdict, text = await self._attempt_verdict(payload, tally)
+            outcome = "ok"
+        except (_AttemptFailed, JudgeFailedError) as failure:
+            outcome = failure.kind
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self._observer.judge_request(outcome, time.perf_counter() - started)
+        return verdict, text
+
+    async def _attempt_verdict(self, payload: dict[str, Any], tally: _Tally) -> tuple[Verdict, str]:
         cfg = self._config
         tally.attempts += 1
         attempt_no = tally.attempts
@@ -450,7 +481,7 @@ class JudgeClient:
             async with asyncio.timeout(cfg.request_timeout_s):
                 response = await self._http.post(self._endpoint, json=payload)
         except (TimeoutError, httpx.TimeoutException) as exc:
-            raise JudgeFailedError(self._deadline_reason(exc, tally)) from exc
+            raise JudgeFailedError(self._deadline_reason(exc, tally), kind="deadline") from exc
         except httpx.TransportError as exc:
             raise _AttemptFailed("transport", f"attempt {attempt_no}: {_describe(exc)}") from exc
         except httpx.DecodingError as exc:
@@ -469,7 +500,8 @@ class JudgeClient:
             raise JudgeFailedError(
                 f"judge returned HTTP {status} for POST {self._endpoint} on attempt "
                 f"{attempt_no}; not retried (only 408, 429 and 5xx are): "
-                f"{_excerpt(response.text)}"
+                f"{_excerpt(response.text)}",
+                kind=f"http_{status}",
             )
 
         try:

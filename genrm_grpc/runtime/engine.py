@@ -38,6 +38,7 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
+from genrm_grpc.observability.hooks import CohortOutcome, NullRuntimeObserver, RuntimeObserver
 from genrm_grpc.runtime.clock import Clock, LoopClock, TimerHandle
 from genrm_grpc.runtime.scheduler import PrioritySemaphore
 from genrm_grpc.scoring import aggregate, judge_passes
@@ -154,8 +155,10 @@ class CohortRuntime:
         config: RuntimeConfig,
         *,
         clock: Clock | None = None,
+        observer: RuntimeObserver | None = None,
     ) -> None:
         self.registry = registry
+        self._observer: RuntimeObserver = observer or NullRuntimeObserver()
         self.config = config
         self._judge = judge
         self._clock: Clock = clock or LoopClock()
@@ -255,6 +258,7 @@ class CohortRuntime:
             "waiters": sum(len(w) for live in self._live.values() for w in live.waiters.values()),
             "owned_tasks": len(self._owned),
             "judge_in_flight": self._sem.in_use,
+            "judge_waiting": self._sem.waiting,
             "judge_calls": self.judge_calls,
         }
 
@@ -278,6 +282,7 @@ class CohortRuntime:
             live.collection_timer = self._clock.call_at(
                 cohort.collection_deadline, lambda: self._on_collection_deadline(live)
             )
+            self._observer.cohort_started(cohort.key)
         waiter = Waiter(live, sub.rollout_index, on_progress)
         live.waiters.setdefault(sub.rollout_index, set()).add(waiter)
         ticket.waiter = waiter
@@ -495,23 +500,29 @@ class CohortRuntime:
         self._log_outcome(cohort, outcome, len(waiters))
 
     def _log_outcome(self, cohort: Cohort, outcome: Outcome, waiters: int) -> None:
+        age_s = self._clock.now() - cohort.created_at
         fields: dict[str, object] = {
             "cohort": str(cohort.key),
             "group_size": cohort.group_size,
             "waiters": waiters,
-            "age_s": round(self._clock.now() - cohort.created_at, 3),
+            "age_s": round(age_s, 3),
         }
+        kind: CohortOutcome
         if isinstance(outcome, Completed):
-            log.info("cohort completed", extra={**fields, "outcome": "completed"})
+            kind = "completed"
+            log.info("cohort completed", extra={**fields, "outcome": kind})
         elif isinstance(outcome, Masked):
+            kind = "masked"
             log.warning(
                 "cohort masked: judge failed",
-                extra={**fields, "outcome": "masked", "reason": outcome.reason},
+                extra={**fields, "outcome": kind, "reason": outcome.reason},
             )
         else:
+            kind = "failed"
             log.warning(
-                "cohort failed", extra={**fields, "outcome": "failed", "reason": outcome.reason}
+                "cohort failed", extra={**fields, "outcome": kind, "reason": outcome.reason}
             )
+        self._observer.cohort_finished(cohort.key, kind, age_s)
 
 
 def _retrieve_exception(task: asyncio.Task[Any]) -> None:

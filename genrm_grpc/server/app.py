@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from genrm.cohort.v1 import cohort_pb2 as pb
@@ -14,11 +15,24 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from genrm_grpc.cohort.registry import CohortRegistry, RegistryConfig
-from genrm_grpc.config import Settings
+from genrm_grpc.config import ConfigError, Settings
 from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig
+from genrm_grpc.observability.hooks import (
+    FanoutJudgeObserver,
+    FanoutRuntimeObserver,
+    JudgeObserver,
+    RuntimeObserver,
+)
+from genrm_grpc.observability.metrics import MetricsEndpoint, ServerMetrics
 from genrm_grpc.runtime.engine import CohortRuntime, RuntimeConfig
+from genrm_grpc.server.bounds import FieldBounds
+from genrm_grpc.server.interceptors import UndecodableRequestInterceptor
+from genrm_grpc.server.security import TokenAuthInterceptor, server_credentials
 from genrm_grpc.server.servicer import CohortServicer
 from genrm_grpc.store.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from genrm_grpc.observability.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +59,45 @@ def judge_client_config(settings: Settings) -> JudgeClientConfig:
     )
 
 
+# Keepalive policy. Collectors ping every 30 s to keep idle channels through NATs and
+# load balancers alive: the server accepts pings down to every 20 s (two strikes, then
+# GOAWAY), and pings idle clients itself every 60 s to drop dead connections.
+KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_ping_strikes", 2),
+)
+
+
+def server_options(settings: Settings) -> list[tuple[str, int]]:
+    # gRPC's own hard limit sits above ours so oversized members get our typed error.
+    hard_limit = settings.max_message_bytes * 2 + (1 << 20)
+    return [
+        ("grpc.max_receive_message_length", hard_limit),
+        ("grpc.max_send_message_length", hard_limit),
+        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+        *KEEPALIVE_OPTIONS,
+    ]
+
+
 class CohortServer:
     """One running server. ``start()`` binds; ``stop()`` drains and shuts down."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, tracer_provider: Any = None) -> None:
+        """``tracer_provider`` (an OpenTelemetry SDK TracerProvider) replaces the one that
+        ``tracing.exporter`` would build; it is used only when tracing is enabled."""
         self.settings = settings
-        self.judge = JudgeClient(judge_client_config(settings))
+        self.metrics = ServerMetrics()
+        self.tracing: Tracing | None = None
+        judge_observer: JudgeObserver = self.metrics
+        runtime_observer: RuntimeObserver = self.metrics
+        if settings.tracing.enabled:
+            self.tracing = _tracing(settings, tracer_provider)
+            judge_observer = FanoutJudgeObserver(self.metrics, self.tracing)
+            runtime_observer = FanoutRuntimeObserver(self.metrics, self.tracing)
+        self.judge = JudgeClient(judge_client_config(settings), observer=judge_observer)
         store = MemoryStore(
             ttl_s=settings.cohort_result_ttl_s, max_records=settings.max_terminal_cohorts
         )
@@ -74,21 +121,36 @@ class CohortServer:
                 position_debias=settings.position_debias,
                 scoring=settings.scoring_params(),
             ),
+            observer=runtime_observer,
         )
-        # gRPC's own hard limit sits above ours so oversized members get our typed error.
-        hard_limit = settings.max_message_bytes * 2 + (1 << 20)
-        self.server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", hard_limit),
-                ("grpc.max_send_message_length", hard_limit),
-            ]
-        )
+        self.metrics.attach_runtime(self.runtime)
+        interceptors: list[Any] = []
+        if self.tracing is not None:
+            from genrm_grpc.observability.tracing import TracingInterceptor
+
+            # First, so that refused calls are traced too.
+            interceptors.append(TracingInterceptor(self.tracing.tracer))
+        if settings.auth is not None:
+            interceptors.append(
+                TokenAuthInterceptor(settings.auth.tokens(), on_denied=self.metrics.auth_denied)
+            )
+        # Last: the innermost, so a refused caller learns nothing from undecodable bytes.
+        interceptors.append(UndecodableRequestInterceptor())
+        self.server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
         pb_grpc.add_CohortServiceServicer_to_server(
             CohortServicer(
                 self.runtime,
                 default_group_size=settings.num_rollouts_per_prompt,
                 mode=settings.comparison_mode,
                 max_message_bytes=settings.max_message_bytes,
+                bounds=FieldBounds(
+                    max_group_size=settings.max_group_size,
+                    max_prompt_messages=settings.max_prompt_messages,
+                    max_text_chars=settings.max_text_chars,
+                    max_compare_candidates=settings.max_compare_candidates,
+                ),
+                observer=self.metrics,
+                tracer=self.tracing,
             ),
             self.server,
         )
@@ -97,17 +159,45 @@ class CohortServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
+        self.metrics_endpoint: MetricsEndpoint | None = None
+        if settings.metrics_listen is not None:
+            self.metrics_endpoint = MetricsEndpoint(
+                self.metrics.exposition, settings.metrics_listen
+            )
         self.port = 0
 
     async def start(self) -> int:
-        self.port = self.server.add_insecure_port(self.settings.listen)
+        listen, tls = self.settings.listen, self.settings.tls
+        try:
+            if tls is not None:
+                self.port = self.server.add_secure_port(listen, server_credentials(tls))
+            else:
+                self.port = self.server.add_insecure_port(listen)
+        except RuntimeError as exc:  # newer grpcio raises instead of returning 0
+            raise OSError(f"cannot listen on {listen}: {exc}") from exc
         if self.port == 0:
-            raise OSError(f"cannot listen on {self.settings.listen}")
+            raise OSError(f"cannot listen on {listen}")
+        if self.metrics_endpoint is not None:
+            await self.metrics_endpoint.start()
         await self.server.start()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving", extra={"listen": self.settings.listen, "port": self.port})
+        log.info(
+            "serving",
+            extra={
+                "listen": listen,
+                "port": self.port,
+                "tls": "off" if tls is None else "mtls" if tls.require_client_auth else "on",
+                "auth": "off" if self.settings.auth is None else "bearer",
+                "metrics_port": self.metrics_port,
+            },
+        )
         return self.port
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound metrics port (None when the endpoint is off)."""
+        return self.metrics_endpoint.port if self.metrics_endpoint is not None else None
 
     async def stop(self) -> None:
         """Health → NOT_SERVING, refuse new cohorts, let evaluations finish, fail the rest."""
@@ -117,7 +207,21 @@ class CohortServer:
         # Give handlers a moment to send the outcomes that shutdown just published.
         await self.server.stop(grace=5.0)
         await self.judge.aclose()
+        if self.metrics_endpoint is not None:
+            await self.metrics_endpoint.stop()
+        if self.tracing is not None:
+            self.tracing.shutdown()  # flushes the exporter
         log.info("stopped")
+
+
+def _tracing(settings: Settings, provider: Any) -> Tracing:
+    try:
+        from genrm_grpc.observability.tracing import Tracing, build_provider
+    except ImportError as exc:
+        raise ConfigError(
+            f"tracing.enabled needs the [otel] extra (pip install 'genrm-grpc[otel]'): {exc}"
+        ) from exc
+    return Tracing(provider if provider is not None else build_provider(settings.tracing))
 
 
 async def run(settings: Settings, *, on_ready: Callable[[int], None] | None = None) -> None:

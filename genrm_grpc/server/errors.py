@@ -54,6 +54,17 @@ def _pack(message: Message) -> any_pb2.Any:
     return holder
 
 
+def error_status(
+    code: grpc.StatusCode, reason: str, message: str, metadata: Mapping[str, str] | None = None
+) -> grpc.Status:
+    """A status with one ErrorInfo for refusals outside the cohort core (e.g. auth)."""
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=dict(metadata or {}))
+    status = status_pb2.Status(
+        code=getattr(code_pb2, code.name), message=message, details=[_pack(info)]
+    )
+    return rpc_status.to_status(status)
+
+
 def grpc_status(rejection: Rejection) -> grpc.Status:
     return rpc_status.to_status(status_proto(rejection))
 

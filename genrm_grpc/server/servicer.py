@@ -29,8 +29,15 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.registry import failure_rejection, member_metadata
 from genrm_grpc.judge.client import JudgeFailedError
-from genrm_grpc.runtime.engine import CohortRuntime, PairProgress, Ticket
+from genrm_grpc.observability.hooks import (
+    NullServiceObserver,
+    NullSubmitTracer,
+    ServiceObserver,
+    SubmitTracer,
+)
+from genrm_grpc.runtime.engine import CohortRuntime, PairProgress, ProgressCallback, Ticket
 from genrm_grpc.server import convert
+from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.errors import abort, status_proto
 
 log = logging.getLogger(__name__)
@@ -47,11 +54,17 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         default_group_size: int,
         mode: ComparisonMode,
         max_message_bytes: int,
+        bounds: FieldBounds | None = None,
+        observer: ServiceObserver | None = None,
+        tracer: SubmitTracer | None = None,
     ) -> None:
         self._runtime = runtime
         self._group_size = default_group_size
         self._mode = mode
         self._max_bytes = max_message_bytes
+        self._bounds = bounds
+        self._observer: ServiceObserver = observer or NullServiceObserver()
+        self._tracer: SubmitTracer = tracer or NullSubmitTracer()
 
     # ------------------------------------------------------------------ helpers
     def _submission(self, request: pb.SubmitMemberRequest) -> Submission | Rejection:
@@ -62,6 +75,10 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
                 f"{self._max_bytes}",
                 {"rolloutIndex": str(request.member.rollout_index)},
             )
+        if self._bounds is not None:
+            out_of_bounds = self._bounds.submission(request)
+            if out_of_bounds is not None:
+                return out_of_bounds
         if not request.HasField("member"):
             return Rejection(
                 Reason.INVALID_MEMBER,
@@ -81,14 +98,33 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
     ) -> pb.MemberResult | Rejection:
         if isinstance(outcome, Failed):
             return failure_rejection(sub.key, outcome, member_metadata(sub))
-        return convert.member_result(sub.coords, outcome, replayed=False)  # type: ignore[arg-type]
+        result = convert.member_result(sub.coords, outcome, replayed=False)  # type: ignore[arg-type]
+        if result.mask_sample:
+            self._observer.masked_result()
+        return result
 
     def _replay(self, sub: Submission, ticket: Ticket) -> pb.MemberResult | Rejection:
         tomb = ticket.replay
         assert tomb is not None
         if isinstance(tomb.outcome, Failed):
             return failure_rejection(sub.key, tomb.outcome, member_metadata(sub))
-        return convert.member_result(sub.coords, tomb.outcome, replayed=True)
+        result = convert.member_result(sub.coords, tomb.outcome, replayed=True)
+        if result.mask_sample:
+            self._observer.masked_result()
+        return result
+
+    def _rejected(self, rejection: Rejection) -> Rejection:
+        self._observer.member_rejected(rejection.reason.value)
+        return rejection
+
+    def _submit(self, sub: Submission, on_progress: ProgressCallback | None = None) -> Ticket:
+        with self._tracer.submitting(sub.key):
+            ticket = self._runtime.submit(sub, on_progress=on_progress)
+        if ticket.rejection is not None:
+            self._observer.member_rejected(ticket.rejection.reason.value)
+        else:
+            self._observer.member_result(ticket.disposition.value)
+        return ticket
 
     # ------------------------------------------------------------------ RPCs
     async def SubmitMember(
@@ -96,8 +132,8 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
     ) -> pb.SubmitMemberResponse:
         sub = self._submission(request)
         if isinstance(sub, Rejection):
-            await abort(context, sub)
-        ticket = self._runtime.submit(sub)
+            await abort(context, self._rejected(sub))
+        ticket = self._submit(sub)
         if ticket.rejection is not None:
             await abort(context, ticket.rejection)
         if ticket.replay is not None:
@@ -119,16 +155,32 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             yield event
 
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
+        refusal = self._compare_refusal(request)
+        if refusal is not None:
+            self._observer.compare_finished("rejected")
+            await abort(context, refusal)
+        try:
+            response = await self._compare(request, context)
+        except JudgeFailedError as exc:
+            self._observer.compare_finished("judge_failed")
+            await abort(context, Rejection(Reason.JUDGE_FAILED, f"judge failed: {exc.reason}"))
+            raise AssertionError("unreachable") from exc
+        self._observer.compare_finished("ok")
+        return response
+
+    def _compare_refusal(self, request: pb.CompareRequest) -> Rejection | None:
         if request.ByteSize() > self._max_bytes:
-            await abort(
-                context,
-                Rejection(
-                    Reason.CAPACITY_EXHAUSTED,
-                    f"request of {request.ByteSize()} bytes exceeds max_message_bytes",
-                ),
+            return Rejection(
+                Reason.CAPACITY_EXHAUSTED,
+                f"request of {request.ByteSize()} bytes exceeds max_message_bytes",
             )
         if self._runtime.registry.draining:
-            await abort(context, Rejection(Reason.SHUTTING_DOWN, "the server is shutting down"))
+            return Rejection(Reason.SHUTTING_DOWN, "the server is shutting down")
+        if self._bounds is not None:
+            return self._bounds.compare(request)
+        return None
+
+    async def _compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
         prompt = convert.prompt_from_proto(request.prompt)
         bad = validate_prompt(prompt, self._mode)
         if bad is None and not request.candidates:
@@ -154,12 +206,9 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             else:
                 candidates.append(spec)
         if bad is not None:
+            self._observer.compare_finished("rejected")
             await abort(context, bad)
-        try:
-            scores = await self._runtime.compare(prompt, candidates)
-        except JudgeFailedError as exc:
-            await abort(context, Rejection(Reason.JUDGE_FAILED, f"judge failed: {exc.reason}"))
-            raise AssertionError("unreachable") from exc
+        scores = await self._runtime.compare(prompt, candidates)
         response = pb.CompareResponse(rewards=[r.reward for r in scores.rewards])
         response.comparisons.extend(convert.verdicts_to_proto(scores.judged))
         response.metrics.update(dict(scores.metrics))
@@ -227,11 +276,11 @@ class _GroupStream:
         ref = request.member.member
         sub = self._servicer._submission(request.member)
         if isinstance(sub, Rejection):
-            self._queue.put_nowait(self._error(ref, sub))
+            self._queue.put_nowait(self._error(ref, self._servicer._rejected(sub)))
             return
         group_ref = convert.coords_to_proto(sub.coords)
         self._group_refs.setdefault(sub.key, group_ref)
-        ticket = self._servicer._runtime.submit(sub, on_progress=self._on_progress)
+        ticket = self._servicer._submit(sub, self._on_progress)
         if ticket.rejection is not None:
             self._queue.put_nowait(self._error(ref, ticket.rejection))
             return

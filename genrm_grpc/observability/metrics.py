@@ -1,0 +1,290 @@
+"""Prometheus metrics of one server, and the HTTP endpoint that serves them.
+
+Each server owns its own ``CollectorRegistry`` (tests run many servers in one process).
+Counters and histograms are updated through the observer hooks as events happen; the
+gauges (cohorts by phase, judge queue, tombstones) are read from the runtime at scrape
+time, so they can never drift from the state they describe. The endpoint is a small
+asyncio HTTP server on the server's own event loop: a scrape reads that state on the
+loop thread, never concurrently with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from genrm_grpc.cohort.model import CohortKey, Phase, Reason
+from genrm_grpc.observability.hooks import CohortOutcome, ComparisonOutcome
+
+if TYPE_CHECKING:
+    from genrm_grpc.runtime.engine import CohortRuntime
+
+log = logging.getLogger(__name__)
+
+# Judge calls of a GenRM reasoning model take seconds to many minutes.
+JUDGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+COHORT_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+MEMBER_RESULTS = ("accepted", "attached", "replayed")
+UNAUTHENTICATED = "UNAUTHENTICATED"
+
+
+class ServerMetrics:
+    """Every metric of one server; implements the judge and runtime observer hooks."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.cohorts_finished = Counter(
+            "genrm_cohorts_finished",
+            "Cohorts that reached a terminal disposition, by outcome "
+            "(completed, masked = judge failed, failed = aborted).",
+            ["outcome"],
+            registry=r,
+        )
+        self.cohorts_started = Counter(
+            "genrm_cohorts_started", "Cohorts created by a first member.", registry=r
+        )
+        self.cohort_duration = Histogram(
+            "genrm_cohort_duration_seconds",
+            "From a cohort's first member to its terminal disposition.",
+            ["outcome"],
+            buckets=COHORT_BUCKETS,
+            registry=r,
+        )
+        self.members = Counter(
+            "genrm_members",
+            "Member submissions the server took on, by result "
+            "(accepted = new slot, attached = identical resubmission, replayed = cached).",
+            ["result"],
+            registry=r,
+        )
+        self.members_rejected = Counter(
+            "genrm_members_rejected",
+            "Member submissions refused, by ErrorInfo reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.masked_results = Counter(
+            "genrm_masked_results",
+            "Member results returned masked because the judge failed (replays included).",
+            registry=r,
+        )
+        self.judge_requests = Counter(
+            "genrm_judge_requests",
+            "Judge HTTP requests by outcome: ok, or the failure kind (http_503, transport, "
+            "unparseable, incomplete_max_output_tokens, deadline, ...).",
+            ["outcome"],
+            registry=r,
+        )
+        self.judge_request_duration = Histogram(
+            "genrm_judge_request_duration_seconds",
+            "Duration of one judge HTTP request (one attempt), whatever its outcome.",
+            buckets=JUDGE_BUCKETS,
+            registry=r,
+        )
+        self.judge_retries = Counter(
+            "genrm_judge_retries",
+            "Judge attempts retried, by the cause of the failed attempt.",
+            ["cause"],
+            registry=r,
+        )
+        self.judge_comparisons = Counter(
+            "genrm_judge_comparisons",
+            "Pair comparisons (all attempts of one pair) by outcome: ok, default_verdict "
+            "(unparseable after all retries), failed (masks the cohort), cancelled.",
+            ["outcome"],
+            registry=r,
+        )
+        self.judge_comparison_duration = Histogram(
+            "genrm_judge_comparison_duration_seconds",
+            "Duration of one pair comparison including retries and backoff.",
+            buckets=JUDGE_BUCKETS,
+            registry=r,
+        )
+        self.compare_requests = Counter(
+            "genrm_compare_requests",
+            "Compare calls by outcome (ok, judge_failed, rejected).",
+            ["outcome"],
+            registry=r,
+        )
+        self.unauthenticated = Counter(
+            "genrm_unauthenticated_requests",
+            "Calls refused for a missing or invalid bearer token.",
+            ["auth"],
+            registry=r,
+        )
+        # Known label values start at 0 so that dashboards and rate() see every series.
+        for outcome in ("completed", "masked", "failed"):
+            self.cohorts_finished.labels(outcome)
+        for result in MEMBER_RESULTS:
+            self.members.labels(result)
+        for reason in Reason:
+            if reason is not Reason.JUDGE_FAILED:  # Compare only, never a member refusal
+                self.members_rejected.labels(reason.value)
+        for comparison in ("ok", "default_verdict", "failed", "cancelled"):
+            self.judge_comparisons.labels(comparison)
+        self.judge_requests.labels("ok")
+        for why in ("missing", "invalid"):
+            self.unauthenticated.labels(why)
+
+    def attach_runtime(self, runtime: CohortRuntime) -> None:
+        """Gauges read from the runtime, the registry and the store at scrape time."""
+        self.registry.register(_StateCollector(runtime))
+
+    # ----------------------------------------------------------------- hooks
+    def judge_request(self, outcome: str, seconds: float) -> None:
+        self.judge_requests.labels(outcome).inc()
+        self.judge_request_duration.observe(seconds)
+
+    def judge_retry(self, cause: str) -> None:
+        self.judge_retries.labels(cause).inc()
+
+    def judge_comparison(self, outcome: ComparisonOutcome, seconds: float) -> None:
+        self.judge_comparisons.labels(outcome).inc()
+        self.judge_comparison_duration.observe(seconds)
+
+    def cohort_started(self, key: CohortKey) -> None:
+        self.cohorts_started.inc()
+
+    def cohort_finished(self, key: CohortKey, outcome: CohortOutcome, age_s: float) -> None:
+        self.cohorts_finished.labels(outcome).inc()
+        self.cohort_duration.labels(outcome).observe(max(0.0, age_s))
+
+    def member_result(self, result: str) -> None:
+        self.members.labels(result).inc()
+
+    def member_rejected(self, reason: str) -> None:
+        self.members_rejected.labels(reason).inc()
+
+    def masked_result(self) -> None:
+        self.masked_results.inc()
+
+    def compare_finished(self, outcome: str) -> None:
+        self.compare_requests.labels(outcome).inc()
+
+    def auth_denied(self, why: str) -> None:
+        self.unauthenticated.labels(why).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    def __init__(self, runtime: CohortRuntime) -> None:
+        self._runtime = runtime
+
+    def collect(self) -> Iterable[Metric]:
+        runtime = self._runtime
+        registry = runtime.registry
+        phases = {Phase.COLLECTING: 0, Phase.EVALUATING: 0}
+        for cohort in registry.active_cohorts():
+            if cohort.phase in phases:
+                phases[cohort.phase] += 1
+        by_phase = GaugeMetricFamily("genrm_cohorts", "Active cohorts by phase.", labels=["phase"])
+        for phase, count in phases.items():
+            by_phase.add_metric([phase.value], count)
+        yield by_phase
+        stats: Mapping[str, int] = runtime.stats()
+        yield _gauge("genrm_active_cohorts", "Cohorts not yet terminal.", stats["active_cohorts"])
+        yield _gauge(
+            "genrm_judge_queue_depth",
+            "Judge comparisons waiting for a permit (judge_max_concurrency).",
+            stats["judge_waiting"],
+        )
+        yield _gauge(
+            "genrm_judge_in_flight", "Judge comparisons holding a permit.", stats["judge_in_flight"]
+        )
+        yield _gauge("genrm_waiters", "Calls waiting for their cohort's outcome.", stats["waiters"])
+        counts = registry.store.counts()
+        yield _gauge(
+            "genrm_tombstones",
+            "Retained terminal cohorts (bounded by max_terminal_cohorts, cohort_result_ttl_s).",
+            counts.get("tombstones", 0),
+        )
+        yield _gauge(
+            "genrm_attempt_watermarks",
+            "Retained newest-attempt watermarks of explicit groups.",
+            counts.get("watermarks", 0),
+        )
+        yield _gauge(
+            "genrm_draining", "1 while the server is shutting down.", int(registry.draining)
+        )
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+class MetricsEndpoint:
+    """``GET /metrics`` over plain HTTP/1.1 on the event loop (one response per connection)."""
+
+    def __init__(self, exposition: Callable[[], bytes], listen: str) -> None:
+        self._exposition = exposition
+        host, _, port = listen.rpartition(":")
+        self._host = host.strip("[]")
+        self._port = int(port)
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[object]] = set()
+        self.port = 0
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("metrics endpoint listening", extra={"metrics_port": self.port})
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        # A scraper holding a connection open must not outlive the server.
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        try:
+            async with asyncio.timeout(10):
+                head = await reader.readuntil(b"\r\n\r\n")
+            parts = head.split(b"\r\n", 1)[0].split()
+            method = parts[0] if parts else b""
+            path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
+            if method not in (b"GET", b"HEAD"):
+                status, body, kind = b"405 Method Not Allowed", b"GET only\n", b"text/plain"
+            elif path not in (b"/metrics", b"/"):
+                status, body, kind = b"404 Not Found", b"try /metrics\n", b"text/plain"
+            else:
+                status, body = b"200 OK", self._exposition()
+                kind = CONTENT_TYPE_LATEST.encode()
+            head_lines = (
+                b"HTTP/1.1 " + status,
+                b"Content-Type: " + kind,
+                b"Content-Length: " + str(len(body)).encode(),
+                b"Connection: close",
+            )
+            writer.write(b"\r\n".join(head_lines) + b"\r\n\r\n")
+            if method != b"HEAD":
+                writer.write(body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            pass  # a half-open, reset or garbage connection: just close it
+        except asyncio.LimitOverrunError:
+            pass  # request head larger than the stream limit (64 KiB)
+        finally:
+            if task is not None:
+                self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()

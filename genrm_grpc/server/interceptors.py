@@ -1,0 +1,112 @@
+"""Interceptors that every server installs, whatever its configuration.
+
+:class:`UndecodableRequestInterceptor` turns request bytes that are not a valid protobuf
+message into ``INVALID_ARGUMENT`` / ``INVALID_MEMBER`` with ErrorInfo (PROTOCOL.md:
+"malformed message"). Left to grpcio, a deserializer's ``DecodeError`` surfaces as
+``UNKNOWN``, which clients cannot tell from a server bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from genrm_grpc.cohort.model import Reason, Rejection
+from genrm_grpc.server.errors import grpc_status
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes did not decode."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: DecodeError) -> None:
+        self.error = error
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except DecodeError as exc:
+            return _Undecodable(exc)
+
+    return deserialize
+
+
+def _rejection(method: str, bad: _Undecodable) -> Rejection:
+    description = f"the request bytes are not a valid message: {bad.error}"
+    return Rejection(
+        Reason.INVALID_MEMBER,
+        f"invalid request to {method}: {description}",
+        field_violations=(("request", description),),
+    )
+
+
+class UndecodableRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method: str = handler_call_details.method
+        kwargs = {
+            "request_deserializer": _lenient(handler.request_deserializer),
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _guard(method, handler.unary_unary, streaming=False), **kwargs
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _guard(method, handler.unary_stream, streaming=False), **kwargs
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                _guard(method, handler.stream_unary, streaming=True), **kwargs
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            _guard(method, handler.stream_stream, streaming=True), **kwargs
+        )
+
+
+class _UndecodableInStream(Exception):
+    """Ends a request stream whose next message did not decode."""
+
+    def __init__(self, bad: _Undecodable) -> None:
+        super().__init__(str(bad.error))
+        self.bad = bad
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            raise _UndecodableInStream(request)
+        yield request
+
+
+def _guard(method: str, behavior: Any, *, streaming: bool) -> Any:
+    """The handler as a coroutine (streamed responses go out through context.write)."""
+
+    async def guarded(request: Any, context: Any) -> Any:
+        if isinstance(request, _Undecodable):
+            await context.abort_with_status(grpc_status(_rejection(method, request)))
+        try:
+            result = behavior(_checked(request) if streaming else request, context)
+            if hasattr(result, "__aiter__"):
+                async for response in result:
+                    await context.write(response)
+                return None
+            return await result
+        except _UndecodableInStream as exc:
+            await context.abort_with_status(grpc_status(_rejection(method, exc.bad)))
+
+    return guarded
