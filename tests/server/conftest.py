@@ -9,7 +9,8 @@ from typing import Any
 import grpc
 import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
-from genrm_cohort_client import CohortClient
+from genrm_cohort_client import CohortClient, CohortError, ErrorDetails, error_info
+from genrm_cohort_client.options import RetryPolicy
 
 from genrm_grpc.config import load_settings
 from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
@@ -44,7 +45,8 @@ async def start_server(fake_judge: FakeJudgeServer) -> AsyncIterator[StartServer
         )
         server = CohortServer(settings)
         port = await server.start()
-        client = CohortClient(f"127.0.0.1:{port}")
+        # No client-side retries: these tests observe the server's own answers.
+        client = CohortClient(f"127.0.0.1:{port}", retry=RetryPolicy(max_attempts=1))
         running.append((server, client))
         return server, client
 
@@ -90,6 +92,18 @@ def candidate(index: int, *, variant: str = "") -> pb.Candidate:
 def rpc_code(exc: grpc.RpcError) -> grpc.StatusCode:
     code: grpc.StatusCode = exc.code()
     return code
+
+
+#: What a failed call raises: CohortClient wraps errors in CohortError, raw stubs do not.
+CALL_ERRORS = (grpc.RpcError, CohortError)
+
+
+def call_error(exc: BaseException) -> ErrorDetails:
+    """Status code, ErrorInfo and field violations of a failed call, however it was made."""
+    if isinstance(exc, CohortError):
+        return exc.details
+    assert isinstance(exc, grpc.RpcError), exc
+    return error_info(exc)
 
 
 class SubmitProbe:

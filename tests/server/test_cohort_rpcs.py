@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
-from genrm_cohort_client import CohortClient, error_info, status_error_info
+from genrm_cohort_client import CohortClient, status_error_info
 
 from genrm_grpc.judge.fake import FakeJudgeServer
 
-from .conftest import PROMPT, StartServer, SubmitProbe, candidate, member
+from .conftest import CALL_ERRORS, PROMPT, StartServer, SubmitProbe, call_error, candidate, member
 
 
 async def _submit_group(
@@ -55,9 +55,9 @@ async def test_a_different_response_for_a_filled_slot_is_slot_conflict(
 ) -> None:
     _, client = await start_server()
     await _submit_group(client)
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.submit_member(member(1), PROMPT, candidate(1, variant="!"), timeout=10)
-    info = error_info(caught.value)
+    info = call_error(caught.value)
     assert (info.code, info.reason) == (grpc.StatusCode.ALREADY_EXISTS, "SLOT_CONFLICT")
     assert info.metadata == {"groupId": "g1", "groupAttempt": "0", "rolloutIndex": "1"}
 
@@ -70,14 +70,14 @@ async def test_a_newer_attempt_aborts_the_older_ones_waiters_and_fences_them(
     old = asyncio.create_task(client.submit_member(member(0), PROMPT, candidate(0), timeout=30))
     await probe.reached(1)  # attempt 0 exists before attempt 1 arrives
     new_results = await _submit_group(client, attempt=1)
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await old
-    info = error_info(caught.value)
+    info = call_error(caught.value)
     assert (info.code, info.reason) == (grpc.StatusCode.ABORTED, "COHORT_FAILED")
     assert "superseded by attempt 1" in info.message
-    with pytest.raises(grpc.RpcError) as late:
+    with pytest.raises(CALL_ERRORS) as late:
         await client.submit_member(member(1), PROMPT, candidate(1), timeout=10)
-    late_info = error_info(late.value)
+    late_info = call_error(late.value)
     assert late_info.reason == "ATTEMPT_SUPERSEDED"
     assert late_info.metadata["latestAttempt"] == "1"
     assert len(new_results) == 4
@@ -103,9 +103,9 @@ async def test_an_expired_client_deadline_leaves_the_member_and_a_retry_reattach
     start_server: StartServer, fake_judge: FakeJudgeServer
 ) -> None:
     server, client = await start_server()
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.submit_member(member(0), PROMPT, candidate(0), timeout=0.2)
-    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert call_error(caught.value).code == grpc.StatusCode.DEADLINE_EXCEEDED
     info = await client.get_cohort(member(0), timeout=5)
     assert list(info.present_indices) == [0]
     assert server.runtime.stats()["waiters"] == 0
@@ -118,9 +118,9 @@ async def test_collection_deadline_fails_a_partial_group_with_aborted(
     start_server: StartServer, fake_judge: FakeJudgeServer
 ) -> None:
     _, client = await start_server(cohort_collection_timeout_s=0.3)
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.submit_member(member(0), PROMPT, candidate(0), timeout=10)
-    info = error_info(caught.value)
+    info = call_error(caught.value)
     assert (info.code, info.reason) == (grpc.StatusCode.ABORTED, "COHORT_FAILED")
     assert "collection deadline" in info.message and "1/4" in info.message
     cohort = await client.get_cohort(member(0), timeout=5)
@@ -133,18 +133,18 @@ async def test_legacy_group_failure_tells_the_client_to_use_a_fresh_group_id(
 ) -> None:
     _, client = await start_server(cohort_collection_timeout_s=0.3)
     legacy = member(0, group=None, attempt=None, task_index=7)
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.submit_member(legacy, PROMPT, candidate(0), timeout=10)
-    assert "fresh group_id" in error_info(caught.value).message
+    assert "fresh group_id" in call_error(caught.value).message
 
 
 async def test_bad_coordinates_are_invalid_argument_with_field_violations(
     start_server: StartServer,
 ) -> None:
     _, client = await start_server()
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.submit_member(member(4, size=4), PROMPT, candidate(0), timeout=10)
-    info = error_info(caught.value)
+    info = call_error(caught.value)
     assert (info.code, info.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MEMBER")
     assert info.field_violations[0][0] == "member.rollout_index"
 
@@ -154,9 +154,9 @@ async def test_too_many_active_cohorts_is_resource_exhausted(start_server: Start
     probe = SubmitProbe(server)
     first = asyncio.create_task(client.submit_member(member(0), PROMPT, candidate(0), timeout=30))
     await probe.reached(1)
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.submit_member(member(0, group="g2"), PROMPT, candidate(0), timeout=10)
-    info = error_info(caught.value)
+    info = call_error(caught.value)
     assert (info.code, info.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "CAPACITY_EXHAUSTED")
     first.cancel()
 
@@ -166,9 +166,9 @@ async def test_an_oversized_member_is_resource_exhausted_with_error_info(
 ) -> None:
     _, client = await start_server(max_message_bytes=4096)
     big = pb.Candidate(output_text="x" * 5000)
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.submit_member(member(0), PROMPT, big, timeout=10)
-    assert error_info(caught.value).reason == "CAPACITY_EXHAUSTED"
+    assert call_error(caught.value).reason == "CAPACITY_EXHAUSTED"
 
 
 async def test_get_cohort_reports_phase_and_missing_slots_and_not_found(
@@ -183,9 +183,9 @@ async def test_get_cohort_reports_phase_and_missing_slots_and_not_found(
     assert list(info.present_indices) == [2]
     assert info.group_size == 4
     assert 0 < info.seconds_to_deadline <= 1800
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.get_cohort(pb.MemberRef(group_id="nope"), timeout=5)
-    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert call_error(caught.value).code == grpc.StatusCode.NOT_FOUND
     pending.cancel()
 
 
@@ -197,14 +197,14 @@ async def test_shutdown_fails_collecting_cohorts_and_refuses_new_ones(
     waiting = asyncio.create_task(client.submit_member(member(0), PROMPT, candidate(0), timeout=30))
     await probe.reached(1)
     server.registry.start_draining()
-    with pytest.raises(grpc.RpcError) as refused:
+    with pytest.raises(CALL_ERRORS) as refused:
         await client.submit_member(member(0, group="g9"), PROMPT, candidate(0), timeout=10)
-    assert error_info(refused.value).reason == "SHUTTING_DOWN"
-    assert error_info(refused.value).code == grpc.StatusCode.UNAVAILABLE
+    assert call_error(refused.value).reason == "SHUTTING_DOWN"
+    assert call_error(refused.value).code == grpc.StatusCode.UNAVAILABLE
     stop = asyncio.create_task(server.stop())
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await waiting
-    info = error_info(caught.value)
+    info = call_error(caught.value)
     assert info.reason == "COHORT_FAILED" and "shutting down" in info.message
     await stop
     assert server.runtime.stats()["owned_tasks"] == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import grpc
 import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
-from genrm_cohort_client import error_info
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -13,7 +12,7 @@ from genrm_grpc.judge.fake import FakeJudgeServer
 from genrm_grpc.scoring import aggregate
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringParams, Verdict
 
-from .conftest import ANSWERS, PROMPT, StartServer
+from .conftest import ANSWERS, CALL_ERRORS, PROMPT, StartServer, call_error
 
 CANDIDATES = [pb.Candidate(output_text=a) for a in ANSWERS]
 
@@ -76,9 +75,9 @@ async def test_compare_judge_failure_is_unavailable_with_judge_failed_reason(
 ) -> None:
     fake_judge.set_faults(fail_400_rate=1.0)
     _, client = await start_server()
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.compare(PROMPT, CANDIDATES, timeout=30)
-    info = error_info(caught.value)
+    info = call_error(caught.value)
     assert info.code == grpc.StatusCode.UNAVAILABLE
     assert info.reason == "JUDGE_FAILED"
     assert info.domain == "cohort.genrm.v1"
@@ -90,9 +89,9 @@ async def test_compare_output_budget_exhaustion_names_max_output_tokens(
 ) -> None:
     fake_judge.set_faults(budget_exhaust_rate=1.0)
     _, client = await start_server(judge={"max_output_tokens": 256}, genrm_parse_retries=1)
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.compare(PROMPT, CANDIDATES[:2], timeout=30)
-    info = error_info(caught.value)
+    info = call_error(caught.value)
     assert info.reason == "JUDGE_FAILED"
     assert "max_output_tokens=256" in info.message
     assert "2 of 2" in info.message
@@ -114,9 +113,9 @@ async def test_compare_unparseable_answers_fall_back_to_default_verdicts(
 async def test_compare_refuses_a_candidate_with_both_forms(start_server: StartServer) -> None:
     _, client = await start_server()
     bad = pb.Candidate(output_text="x", responses_api_json='{"output": []}')
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.compare(PROMPT, [CANDIDATES[0], bad], timeout=10)
-    info = error_info(caught.value)
+    info = call_error(caught.value)
     assert info.code == grpc.StatusCode.INVALID_ARGUMENT
     assert info.reason == "INVALID_MEMBER"
     assert info.field_violations[0][0] == "candidates[1]"
@@ -190,8 +189,8 @@ async def test_fixed_baseline_judges_members_against_the_baseline_on_alternating
 
 async def test_fixed_baseline_mode_requires_a_baseline(start_server: StartServer) -> None:
     _, client = await start_server(comparison_mode="fixed_baseline")
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(CALL_ERRORS) as caught:
         await client.compare(PROMPT, CANDIDATES, timeout=10)
-    info = error_info(caught.value)
+    info = call_error(caught.value)
     assert info.reason == "INVALID_MEMBER"
     assert info.field_violations[0][0] == "prompt.baseline_response"
