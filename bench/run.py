@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import pathlib
-import platform
 import random
 import statistics
 import sys
@@ -32,12 +31,22 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from importlib import metadata
 from typing import Any
 
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient
 
+from bench import memory, report
+from bench.service import (
+    EagerPlan,
+    EchoPlan,
+    StormPlan,
+    bench_eager,
+    bench_echo,
+    bench_storm,
+    stream_limit,
+)
+from bench.util import machine_info, percentile, ratio, table
 from genrm_grpc.cohort.identity import CandidateInput, resolve
 from genrm_grpc.cohort.model import (
     CandidateSpec,
@@ -58,7 +67,9 @@ from genrm_grpc.store.base import CohortStore
 from genrm_grpc.store.memory import MemoryStore
 
 RESULTS_PATH = pathlib.Path(__file__).resolve().parent / "results" / "latest.json"
-SECTIONS = ("core", "pinned", "e2e", "schedule")
+SECTIONS = ("core", "pinned", "e2e", "schedule", "echo", "storm", "eager", "memory")
+DOCS_DIR = pathlib.Path(__file__).resolve().parent.parent / "docs"
+QUICK_DOCS_DIR = RESULTS_PATH.parent / "quick"
 #: A retention long enough that nothing expires during a run (only the count cap evicts).
 LONG_TTL_S = 1e7
 
@@ -83,6 +94,11 @@ class Plan:
     sched_groups: int = 16
     sched_concurrency: int = 8
     sched_latency_ms: str = "20"
+    echo: EchoPlan = field(default_factory=EchoPlan)
+    storm: StormPlan = field(default_factory=StormPlan)
+    eager: EagerPlan = field(default_factory=EagerPlan)
+    memory_active: int = 1_000
+    memory_tombstones: int = 2_000
     seed: int = 0
     sections: tuple[str, ...] = SECTIONS
 
@@ -91,10 +107,22 @@ QUICK = Plan(
     core_ops=4_000,
     core_rounds=1,
     pinned_ops=2_000,
-    e2e_groups=128,
+    e2e_groups=64,
     e2e_rounds=1,
-    e2e_warmup_groups=16,
-    e2e_unloaded_groups=16,
+    e2e_warmup_groups=8,
+    e2e_unloaded_groups=8,
+    echo=EchoPlan(
+        groups=32,
+        rounds=2,
+        warmup_groups=8,
+        sweep_levels=(1, 4, 16, 48),
+        sweep_min_groups=8,
+        sweep_groups_per_level=2,
+    ),
+    storm=StormPlan(groups=24),
+    eager=EagerPlan(groups=8, rounds=2, start_spread_s=0.4, arrival_median_s=0.2),
+    memory_active=200,
+    memory_tombstones=400,
 )
 
 
@@ -145,52 +173,6 @@ class GcMonitor:
 
     def full(self) -> list[float]:
         return [p for gen, p in self.pauses if gen == 2]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (q in [0, 1]) of ``values``."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b else math.nan
-
-
-def cpu_model() -> str:
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info() -> dict[str, Any]:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 0
-    mem_gib = math.nan
-    try:
-        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return {
-        "cpu": cpu_model(),
-        "cores": cores,
-        "mem_gib": mem_gib,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "grpcio": metadata.version("grpcio"),
-    }
 
 
 def completed_outcome(size: int) -> Completed:
@@ -522,6 +504,7 @@ async def start_server(judge_url: str, **overrides: Any) -> tuple[CohortServer, 
     settings = load_settings(
         listen="127.0.0.1:0",
         judge={"url": judge_url},
+        **stream_limit(),
         genrm_parse_retry_sleep_s=0.01,
         shutdown_grace_s=1.0,
         **overrides,
@@ -741,12 +724,6 @@ async def bench_schedule(plan: Plan) -> ScheduleResult:
 
 
 # ----------------------------------------------------------------------------- report
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
-    rule = "  ".join("-" * w for w in widths)
-    body = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join([line, rule, *body])
 
 
 def report_core(samples: Sequence[CoreSample], title: str) -> str:
@@ -781,6 +758,7 @@ def core_ratios(samples: Sequence[CoreSample]) -> dict[str, float]:
     lo, hi = samples[0], samples[-1]
     return {
         "mean": ratio(hi.mean_us, lo.mean_us),
+        "p50": ratio(hi.p50_us, lo.p50_us),
         "p99": ratio(hi.p99_us, lo.p99_us),
         "examined": ratio(hi.examined_per_request, lo.examined_per_request),
     }
@@ -891,11 +869,48 @@ async def run_async(plan: Plan, out: dict[str, Any]) -> None:
         sched = await bench_schedule(plan)
         out["schedule"] = asdict(sched)
         print(report_schedule(sched) + "\n", flush=True)
+    if "echo" in plan.sections:
+        echo = await bench_echo(plan.echo)
+        out["echo"] = asdict(echo)
+        for api in ("SubmitMember", "StreamGroups"):
+            s, e = echo.summary[api]["service"], echo.summary[api]["echo"]
+            rounds = ", ".join(f"{x:.2f}" for x in echo.ratio_rounds[api])
+            print(
+                f"echo {api}: service {s['members_per_s']:,.0f}/s (p50 {s['member_p50_ms']:.1f}"
+                f" ms, p99 {s['member_p99_ms']:.1f} ms) vs bare echo {e['members_per_s']:,.0f}/s"
+                f" (p50 {e['member_p50_ms']:.1f}, p99 {e['member_p99_ms']:.1f}) → ratio "
+                f"{echo.ratio[api]:.2f} (rounds {rounds})",
+                flush=True,
+            )
+        for row in echo.sweep:
+            print(
+                f"   sweep {row['api']:>12} {row['side']:>7} {row['in_flight']:>3} groups in "
+                f"flight: {row['members_per_s']:,.0f} members/s",
+                flush=True,
+            )
+    if "storm" in plan.sections:
+        storm = await bench_storm(replace(plan.storm, seed=plan.seed))
+        out["storm"] = asdict(storm)
+        print(
+            f"storm: {storm.sends:,} sends for {storm.members:,} members "
+            f"({storm.cancelled_by_client} cancelled, {storm.dropped_connections} dropped, "
+            f"{storm.replayed} replayed); judge calls {storm.judge_calls:,} / ideal "
+            f"{storm.judge_calls_ideal:,} = {storm.ratio:.3f}",
+            flush=True,
+        )
+    if "eager" in plan.sections:
+        eager = await bench_eager(replace(plan.eager, seed=plan.seed))
+        out["eager"] = asdict(eager)
+        print(
+            f"eager vs after_collection: post-collection median {eager.post_median_ms['eager']:.0f}"
+            f" vs {eager.post_median_ms['after_collection']:.0f} ms → ratio {eager.ratio:.2f}",
+            flush=True,
+        )
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[Plan, pathlib.Path]:
+def parse_args(argv: Sequence[str] | None) -> tuple[Plan, pathlib.Path, pathlib.Path | None]:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (~20 s)")
+    parser.add_argument("--quick", action="store_true", help="a short run (~30 s)")
     parser.add_argument("--ops", type=int, help="registry.submit calls per retained size")
     parser.add_argument("--rounds", type=int, help="interleaved rounds of the core benchmark")
     parser.add_argument("--groups", type=int, help="groups per end-to-end run")
@@ -907,6 +922,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, pathlib.Path]:
     )
     parser.add_argument(
         "--output", type=pathlib.Path, default=RESULTS_PATH, help="JSON results file"
+    )
+    parser.add_argument(
+        "--docs",
+        type=pathlib.Path,
+        help="write performance.md and performance/ (plots, results.json) here "
+        "(default: docs/ for a full run, bench/results/quick/ with --quick)",
     )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()
@@ -920,11 +941,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, pathlib.Path]:
         "sections": tuple(args.only) if args.only else None,
     }
     plan = replace(plan, **{k: v for k, v in changes.items() if v is not None})
-    return plan, args.output
+    return plan, args.output, args.docs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    plan, output = parse_args(argv)
+    plan, output, docs_dir = parse_args(argv)
     logging.getLogger("genrm_grpc").addHandler(WARNINGS)
     started = time.perf_counter()
     machine = machine_info()
@@ -965,14 +986,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(max_terminal_cohorts={plan.pinned_cap:,}; {plan.pinned_ops:,} calls)"
         )
         print(report_core(pinned, title) + "\n", flush=True)
+    if "memory" in plan.sections:
+        mem: dict[str, dict[str, Any]] = {"active": {}, "tombstone": {}}
+        for kind, count in (("active", plan.memory_active), ("tombstone", plan.memory_tombstones)):
+            for method in ("tracemalloc", "rss"):
+                mem[kind][method] = memory.run_isolated(kind, method, count)
+                print(
+                    f"memory {kind} ({method}, {count:,}): "
+                    f"{mem[kind][method]['bytes_per_item'] / 1024:,.2f} KiB each",
+                    flush=True,
+                )
+        out["memory"] = mem
     asyncio.run(run_async(plan, out))
     out["duration_s"] = round(time.perf_counter() - started, 1)
+    out["loadavg_end"] = list(os.getloadavg())
     out["warnings"] = dict(WARNINGS.counts)
     for template, count in WARNINGS.counts.most_common():
         print(f"warning logged {count}x (incl. warm-up), e.g.: {WARNINGS.examples[template]}")
+    text = json.dumps(out, indent=2, allow_nan=True) + "\n"
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(out, indent=2, allow_nan=True) + "\n")
-    print(f"total {out['duration_s']} s; results written to {output}")
+    output.write_text(text)
+    docs = docs_dir if docs_dir is not None else (QUICK_DOCS_DIR if out["quick"] else DOCS_DIR)
+    assets = docs / "performance"
+    plots = report.write_plots(out, assets)
+    (assets / "results.json").write_text(text)
+    (docs / "performance.md").write_text(report.markdown(out, plots, "performance"))
+    print(f"total {out['duration_s']} s; results written to {output}; report {docs}/performance.md")
     return 0
 
 

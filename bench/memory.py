@@ -1,0 +1,212 @@
+"""Memory per active cohort and per tombstone, each measured in a fresh interpreter.
+
+``python -m bench.memory {active|tombstone} {tracemalloc|rss} COUNT`` prints one JSON
+object. ``active``: COUNT cohorts of 16 members with 4 KiB answers, all members in,
+every judge call pending (the peak state: members, waiters, timers, pair tasks).
+``tombstone``: COUNT cohorts run to completion with an instant judge, so the store
+holds COUNT tombstones (+ one attempt watermark each). Both go through
+``CohortRuntime.submit`` as the servicer does (gRPC per-call buffers are not counted).
+
+``tracemalloc`` counts the bytes Python allocated and still holds (deterministic for a
+given interpreter); ``rss`` is the resident-set delta (includes allocator slack).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import subprocess
+import sys
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from bench.service import FIXED_VERDICT, InstantJudge, answer_text
+from bench.util import rss_bytes
+from genrm_grpc.cohort.identity import CandidateInput, resolve
+from genrm_grpc.cohort.model import CohortKey, MemberCoords, PromptSpec, Submission, Tombstone
+from genrm_grpc.cohort.registry import CohortRegistry, RegistryConfig
+from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
+from genrm_grpc.runtime.engine import CohortRuntime, RuntimeConfig, Ticket
+from genrm_grpc.scoring.types import ScoringParams
+from genrm_grpc.store.memory import MemoryStore
+
+GROUP_SIZE = 16
+ANSWER_BYTES = 4096
+LONG = 1e7
+
+
+class BlockedJudge:
+    """Never answers while measuring: every cohort stays evaluating."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome:
+        await self.release.wait()
+        return JudgeOutcome(verdict=FIXED_VERDICT, usage=None, attempts=1, text="")
+
+
+def make_runtime(judge: Any, retained: int) -> CohortRuntime:
+    registry = CohortRegistry(
+        RegistryConfig(
+            collection_timeout_s=LONG, evaluation_timeout_s=LONG, max_active_cohorts=10**6
+        ),
+        MemoryStore(ttl_s=LONG, max_records=max(retained, 1)),
+    )
+    return CohortRuntime(
+        registry,
+        judge,
+        RuntimeConfig(scoring=ScoringParams(comparison_strategy="circular")),
+    )
+
+
+def submission(n: int, i: int) -> Submission:
+    prompt = PromptSpec(
+        messages=(
+            ("system", "You are a careful assistant."),
+            ("user", f"Question {n}: explain the reasoning step."),
+        )
+    )
+    sub = resolve(
+        MemberCoords(rollout_index=i, group_id=f"g-{n}", group_attempt=0, group_size=GROUP_SIZE),
+        prompt,
+        CandidateInput(output_text=answer_text(n, i, ANSWER_BYTES)),
+        default_group_size=GROUP_SIZE,
+        mode="rollout_cohort",
+    )
+    assert isinstance(sub, Submission), sub
+    return sub
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def measure(kind: str, count: int, sample: Callable[[], int]) -> dict[str, Any]:
+    judge: Any = BlockedJudge() if kind == "active" else InstantJudge()
+    runtime = make_runtime(judge, retained=count + 10)
+    # Warm up code paths and caches (one cohort, then gone) before the baseline.
+    warm = make_runtime(InstantJudge(), retained=10)
+    for i in range(GROUP_SIZE):
+        warm.submit(submission(-1, i))
+    await settle()
+    del warm
+    tickets: list[Ticket] = []
+    gc.collect()
+    await settle()
+    before = sample()
+    for n in range(count):
+        for i in range(GROUP_SIZE):
+            ticket = runtime.submit(submission(n, i))
+            if kind == "active":
+                tickets.append(ticket)  # the waiting handlers hold their tickets
+        if kind == "tombstone" and n % 64 == 63:
+            await settle()
+    await settle()
+    gc.collect()
+    after = sample()
+    counts = dict(runtime.registry.store.counts())
+    stats = runtime.stats()
+    if kind == "active":
+        if stats["live_cohorts"] != count:
+            raise RuntimeError(f"expected {count} live cohorts, got {stats}")
+    elif counts.get("tombstones") != count:
+        raise RuntimeError(f"expected {count} tombstones, got {counts}")
+    out: dict[str, Any] = {
+        "kind": kind,
+        "count": count,
+        "bytes_total": after - before,
+        "bytes_per_item": (after - before) / count,
+        "store_counts": counts,
+        "runtime_stats": stats,
+    }
+    if kind == "tombstone":
+        key = CohortKey(group_id="g-0", legacy_key=None, attempt=0)
+        tomb = runtime.registry.store.tombstone(key, runtime.now())
+        if tomb is not None:
+            out["deep_size_breakdown"] = breakdown(tomb)
+    if kind == "active":
+        if isinstance(judge, BlockedJudge):
+            judge.release.set()
+        await runtime.shutdown(0.0)
+    return out
+
+
+def deep_size(obj: object, seen: set[int]) -> int:
+    """sys.getsizeof over the object graph (each object once; interned scalars too)."""
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, str | bytes | int | float | bool) or obj is None:
+        return size
+    if isinstance(obj, dict):
+        return size + sum(deep_size(k, seen) + deep_size(v, seen) for k, v in obj.items())
+    if isinstance(obj, list | tuple | set | frozenset):
+        return size + sum(deep_size(v, seen) for v in obj)
+    slots = getattr(type(obj), "__slots__", ())
+    for name in slots:
+        if hasattr(obj, name):
+            size += deep_size(getattr(obj, name), seen)
+    if hasattr(obj, "__dict__"):
+        size += deep_size(vars(obj), seen)
+    return size
+
+
+def breakdown(tomb: Tombstone) -> dict[str, int]:
+    """Bytes of one tombstone by field (shared objects counted at their first field)."""
+    seen: set[int] = set()
+    out = {"object": sys.getsizeof(tomb)}
+    seen.add(id(tomb))
+    outcome = tomb.outcome
+    for name in ("key", "prompt_digest", "digests"):
+        out[name] = deep_size(getattr(tomb, name), seen)
+    if outcome is not None:
+        out["outcome"] = sys.getsizeof(outcome)
+        seen.add(id(outcome))
+        for name in ("judged", "rewards", "metrics"):
+            if hasattr(outcome, name):
+                out[f"outcome.{name}"] = deep_size(getattr(outcome, name), seen)
+    rest = [s for s in getattr(type(tomb), "__slots__", ()) if s not in out and hasattr(tomb, s)]
+    for name in rest:
+        out[name] = deep_size(getattr(tomb, name), seen)
+    out["total"] = sum(out.values())
+    return out
+
+
+def main(argv: list[str]) -> int:
+    kind, method, count = argv[0], argv[1], int(argv[2])
+    # Shutting the blocked cohorts down fails them; that is expected, not news.
+    logging.getLogger("genrm_grpc").setLevel(logging.CRITICAL)
+    if method == "tracemalloc":
+        tracemalloc.start()
+
+        def sample() -> int:
+            return tracemalloc.get_traced_memory()[0]
+
+    else:
+        sample = rss_bytes
+    result = asyncio.run(measure(kind, count, sample))
+    result["method"] = method
+    print(json.dumps(result))
+    return 0
+
+
+def run_isolated(kind: str, method: str, count: int) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter and return its JSON."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.memory", kind, method, str(count)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
