@@ -166,9 +166,10 @@ async def test_concurrent_streams_per_connection_are_bounded(
 
     The third call cannot open its stream while the first two wait for their cohort, so
     the group never completes on that connection: the collection deadline fails it. A
-    second connection gets its own streams, which is what lets the same group complete.
+    second connection gets its own streams, which is what lets such a group complete.
     """
     server = await start_server(max_concurrent_streams=2, cohort_collection_timeout_s=1.0)
+    roomy = await start_server(max_concurrent_streams=2)  # no deadline pressure
 
     def request(group: str, k: int) -> pb.SubmitMemberRequest:
         return pb.SubmitMemberRequest(
@@ -177,8 +178,7 @@ async def test_concurrent_streams_per_connection_are_bounded(
             candidate=pb.Candidate(output_text=f"answer {k}"),
         )
 
-    target = f"127.0.0.1:{server.port}"
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         calls = [stub(channel).SubmitMember(request("one", k), timeout=30) for k in range(3)]
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(o, grpc.RpcError) for o in outcomes)
@@ -187,6 +187,7 @@ async def test_concurrent_streams_per_connection_are_bounded(
 
     # Channels to one target share a connection unless they use their own subchannel pool.
     own_connection = [("grpc.use_local_subchannel_pool", 1)]
+    target = f"127.0.0.1:{roomy.port}"
     channels = [grpc.aio.insecure_channel(target, options=own_connection) for _ in range(2)]
     calls = [stub(channels[k % 2]).SubmitMember(request("two", k), timeout=30) for k in range(3)]
     replies = await asyncio.gather(*calls)
