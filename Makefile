@@ -53,5 +53,9 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run
 
+# 2,000 groups x 16 members under judge faults, in process (≤ 10 min); see docs/soak.md.
+soak: $(STAMP)
+	$(PY) -m tests.soak.driver --json build/soak.json
+
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
