@@ -219,7 +219,9 @@ class Settings(BaseSettings):
     tls: TlsSettings | None = None
     auth: AuthSettings | None = None
     tracing: TracingSettings = Field(default_factory=TracingSettings)
-    max_concurrent_streams: Annotated[int, Field(ge=1)] = 256
+    # Every waiting SubmitMember call holds a stream, so a collector with many groups in
+    # flight on one connection needs room: 64 groups of 16 already take 1,024.
+    max_concurrent_streams: Annotated[int, Field(ge=1)] = 4096
     max_group_size: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)] = MAX_GROUP_SIZE
     max_prompt_messages: Annotated[int, Field(ge=1)] = 1024
     max_text_chars: Annotated[int, Field(ge=1)] = 1024 * 1024

@@ -12,7 +12,6 @@ import grpc
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from genrm_grpc.cohort.registry import CohortRegistry, RegistryConfig
 from genrm_grpc.config import ConfigError, Settings
@@ -26,6 +25,7 @@ from genrm_grpc.observability.hooks import (
 from genrm_grpc.observability.metrics import MetricsEndpoint, ServerMetrics
 from genrm_grpc.runtime.engine import CohortRuntime, RuntimeConfig
 from genrm_grpc.server.bounds import FieldBounds
+from genrm_grpc.server.documented_reflection import enable_documented_reflection
 from genrm_grpc.server.interceptors import UndecodableRequestInterceptor
 from genrm_grpc.server.security import TokenAuthInterceptor, server_credentials
 from genrm_grpc.server.servicer import CohortServicer
@@ -156,9 +156,8 @@ class CohortServer:
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        # Reflection that also serves the proto comments (grpcurl describe shows them).
+        enable_documented_reflection((SERVICE_NAME, health.SERVICE_NAME), self.server)
         self.metrics_endpoint: MetricsEndpoint | None = None
         if settings.metrics_listen is not None:
             self.metrics_endpoint = MetricsEndpoint(

@@ -28,7 +28,7 @@ def documented_files() -> dict[str, bytes]:
     return {f.name: f.SerializeToString() for f in files}
 
 
-class DocumentedReflectionServicer(reflection.ReflectionServicer):  # type: ignore[misc]
+class DocumentedReflectionServicer(reflection.aio.ReflectionServicer):  # type: ignore[misc]
     def __init__(
         self,
         service_names: Iterable[str],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -147,11 +148,29 @@ async def test_reflection_lists_the_cohort_service_like_grpcurl_list(
             yield reflection_pb2.ServerReflectionRequest(
                 file_containing_symbol="genrm.cohort.v1.CohortService"
             )
+            yield reflection_pb2.ServerReflectionRequest(
+                file_containing_symbol="genrm.cohort.v1.CohortService.SubmitMember"
+            )
 
         replies = [r async for r in stub.ServerReflectionInfo(ask())]
     names = {s.name for s in replies[0].list_services_response.service}
     assert {"genrm.cohort.v1.CohortService", "grpc.health.v1.Health"} <= names
-    assert replies[1].file_descriptor_response.file_descriptor_proto
+    files = {
+        f.name: f
+        for f in map(
+            descriptor_pb2.FileDescriptorProto.FromString,
+            replies[1].file_descriptor_response.file_descriptor_proto,
+        )
+    }
+    assert {"genrm/cohort/v1/cohort.proto", "google/rpc/status.proto"} <= set(files)
+    # The proto comments (the operators' API reference) travel with the descriptor.
+    comments = [
+        loc.leading_comments
+        for loc in files["genrm/cohort/v1/cohort.proto"].source_code_info.location
+    ]
+    assert any("SubmitMember adds one member to its cohort" in c for c in comments)
+    # A method name resolves to its service's file (grpcurl describe Service.Method).
+    assert replies[2].file_descriptor_response.file_descriptor_proto
 
 
 async def test_compare_lists_verdicts_in_aggregation_order(start_server: StartServer) -> None:
