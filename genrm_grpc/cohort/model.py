@@ -7,10 +7,11 @@ registry owns and mutates.
 from __future__ import annotations
 
 import enum
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from genrm_grpc.scoring.types import AnswerTexts, JudgedPair
+from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
 
 
 class Reason(enum.StrEnum):
@@ -193,13 +194,158 @@ class Cohort:
         return len(self.members) == self.group_size
 
 
-@dataclass(frozen=True, slots=True)
-class Tombstone:
-    """What a terminal cohort leaves behind: digests and outcome, never answer bodies."""
+_DIGEST_BYTES = 32
+_ABSENT = bytes(_DIGEST_BYTES)
 
-    key: CohortKey
-    group_size: int
-    prompt_digest: str
-    digests: Mapping[int, str]
-    outcome: Outcome
-    finished_at: float
+
+def comparisons_of(member: int, judged: tuple[JudgedPair, ...]) -> tuple[JudgedPair, ...]:
+    """The verdicts a member took part in, in aggregation order."""
+    return tuple(p for p in judged if member in (p.response_i, p.response_j))
+
+
+class _PackedCompleted:
+    """A Completed outcome packed into flat arrays: no per-member or per-verdict objects.
+
+    Tombstones are retained by the thousand, and a Completed for 16 members is ~100
+    small objects (7 KiB, all tracked by the cyclic GC); packed it is a few arrays.
+    ``unpack`` rebuilds an equal Completed for a replay.
+    """
+
+    __slots__ = (
+        "failed",
+        "judged",
+        "member_pairs",
+        "member_values",
+        "metric_names",
+        "metric_values",
+        "offsets",
+        "pair_index",
+        "pair_scores",
+    )
+
+    def __init__(self, outcome: Completed) -> None:
+        table: dict[JudgedPair, int] = {}
+        for pair in (*outcome.judged, *(p for r in outcome.rewards for p in r.comparisons)):
+            table.setdefault(pair, len(table))
+        pairs = list(table)
+        self.pair_index = array(
+            "I", [n for p in pairs for n in (p.response_i, p.response_j, p.judge_index)]
+        )
+        self.pair_scores = array(
+            "d",
+            [x for p in pairs for x in (p.verdict.score_1, p.verdict.score_2, p.verdict.ranking)],
+        )
+        self.failed = bytes(p.verdict.parse_failed for p in pairs)
+        self.judged = array("I", [table[p] for p in outcome.judged])
+        self.member_values = array(
+            "d",
+            [
+                x
+                for r in outcome.rewards
+                for x in (r.reward, r.score_raw, r.overall_score, r.length_adjustment)
+            ],
+        )
+        # Each member's comparisons are normally its verdicts in judged order; only when
+        # they are not (hand-built outcomes) are they stored explicitly.
+        derived = all(
+            r.comparisons == comparisons_of(k, outcome.judged)
+            for k, r in enumerate(outcome.rewards)
+        )
+        self.offsets: array[int] | None = None if derived else array("I", [0])
+        member_pairs: list[int] = []
+        if self.offsets is not None:
+            for r in outcome.rewards:
+                member_pairs.extend(table[p] for p in r.comparisons)
+                self.offsets.append(len(member_pairs))
+        self.member_pairs = array("I", member_pairs)
+        self.metric_names = tuple(outcome.metrics)
+        self.metric_values = array("d", outcome.metrics.values())
+
+    def unpack(self) -> Completed:
+        index, scores = self.pair_index, self.pair_scores
+        pairs = [
+            JudgedPair(
+                index[3 * n],
+                index[3 * n + 1],
+                index[3 * n + 2],
+                Verdict(scores[3 * n], scores[3 * n + 1], scores[3 * n + 2], bool(self.failed[n])),
+            )
+            for n in range(len(self.failed))
+        ]
+        values, offsets = self.member_values, self.offsets
+        judged = tuple(pairs[n] for n in self.judged)
+
+        def comparisons(k: int) -> tuple[JudgedPair, ...]:
+            if offsets is None:
+                return comparisons_of(k, judged)
+            return tuple(pairs[n] for n in self.member_pairs[offsets[k] : offsets[k + 1]])
+
+        rewards = tuple(
+            MemberReward(
+                values[4 * k],
+                values[4 * k + 1],
+                values[4 * k + 2],
+                values[4 * k + 3],
+                comparisons(k),
+            )
+            for k in range(len(values) // 4)
+        )
+        return Completed(
+            rewards=rewards,
+            metrics=dict(zip(self.metric_names, self.metric_values, strict=True)),
+            judged=judged,
+        )
+
+
+class Tombstone:
+    """What a terminal cohort leaves behind: digests and outcome, never answer bodies.
+
+    Stored compactly (raw digests in one ``bytes``, a completed outcome packed into
+    arrays, see ``_PackedCompleted``) because thousands are retained; the accessors
+    rebuild the plain values.
+    """
+
+    __slots__ = ("_digests", "_outcome", "finished_at", "group_size", "key", "prompt_digest")
+
+    def __init__(
+        self,
+        key: CohortKey,
+        group_size: int,
+        prompt_digest: str,
+        digests: Mapping[int, str],
+        outcome: Outcome,
+        finished_at: float,
+    ) -> None:
+        self.key = key
+        self.group_size = group_size
+        self.prompt_digest = prompt_digest
+        self.finished_at = finished_at
+        packed = bytearray(_ABSENT * group_size)
+        for slot, digest in digests.items():
+            packed[slot * _DIGEST_BYTES : (slot + 1) * _DIGEST_BYTES] = bytes.fromhex(digest)
+        self._digests = bytes(packed)
+        self._outcome: _PackedCompleted | Masked | Failed = (
+            _PackedCompleted(outcome) if isinstance(outcome, Completed) else outcome
+        )
+
+    def digest_at(self, slot: int) -> str | None:
+        """The response digest recorded for ``slot`` (None when the slot was empty)."""
+        if not 0 <= slot < self.group_size:
+            return None
+        raw = self._digests[slot * _DIGEST_BYTES : (slot + 1) * _DIGEST_BYTES]
+        return None if raw == _ABSENT else raw.hex()
+
+    @property
+    def digests(self) -> dict[int, str]:
+        found = ((slot, self.digest_at(slot)) for slot in range(self.group_size))
+        return {slot: digest for slot, digest in found if digest is not None}
+
+    @property
+    def outcome(self) -> Outcome:
+        kept = self._outcome
+        return kept.unpack() if isinstance(kept, _PackedCompleted) else kept
+
+    @property
+    def failed(self) -> Failed | None:
+        """The failure, without unpacking a completed outcome."""
+        return self._outcome if isinstance(self._outcome, Failed) else None

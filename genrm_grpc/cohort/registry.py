@@ -249,11 +249,12 @@ class CohortRegistry:
     def _submit_terminal(self, tomb: Tombstone, sub: Submission) -> SubmitDecision:
         if tomb.prompt_digest != sub.prompt_digest or tomb.group_size != sub.group_size:
             return self._mismatch(sub, tomb.group_size, tomb.prompt_digest)
-        digest = tomb.digests.get(sub.rollout_index)
+        digest = tomb.digest_at(sub.rollout_index)
         if digest is not None and digest != sub.candidate.digest:
             return self._slot_conflict(sub)
-        if isinstance(tomb.outcome, Failed):
-            return self._failed(sub, tomb.outcome)
+        failed = tomb.failed
+        if failed is not None:
+            return self._failed(sub, failed)
         if digest is None:
             return self._closed(sub, Phase.COMPLETED)
         return SubmitDecision(Disposition.REPLAYED, replay=tomb)

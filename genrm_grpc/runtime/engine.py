@@ -35,6 +35,7 @@ from genrm_grpc.cohort.model import (
     Submission,
     Tombstone,
     clip_reason,
+    comparisons_of,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
@@ -439,7 +440,7 @@ class CohortRuntime:
         members = cohort.snapshot
         assert members is not None
         texts = [m.candidate.texts for m in members]
-        judged = [r.pair for r in results]
+        judged = tuple(r.pair for r in results)
         params = self.config.scoring
         if self.config.comparison_mode == "fixed_baseline":
             baseline = AnswerTexts("", cohort.prompt.baseline_response or "")
@@ -457,11 +458,11 @@ class CohortRuntime:
                 score_raw=s.score_raw,
                 overall_score=s.overall_score,
                 length_adjustment=s.length_adjustment,
-                comparisons=tuple(p for p in judged if k in (p.response_i, p.response_j)),
+                comparisons=comparisons_of(k, judged),
             )
             for k, s in enumerate(scores.members)
         )
-        return Completed(rewards=rewards, metrics=metrics, judged=tuple(judged))
+        return Completed(rewards=rewards, metrics=metrics, judged=judged)
 
     # ------------------------------------------------------------------ timers
     def _on_collection_deadline(self, live: _Live) -> None:

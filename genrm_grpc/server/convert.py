@@ -129,7 +129,7 @@ def cohort_info(
     else:
         outcome = cohort.outcome
         phase = Phase.FAILED if isinstance(outcome, Failed) else Phase.COMPLETED
-        present = sorted(cohort.digests)
+        present = sorted(cohort.digests)  # only for operators: rebuilt on demand
         remaining = 0.0
     reason = outcome.reason if isinstance(outcome, Failed | Masked) else ""
     return pb.CohortInfo(

@@ -749,7 +749,7 @@ def _prefill(store: MemoryStore, n: int, now: float) -> None:
     outcome = completed(1)
     for k in range(n):
         key = CohortKey(f"old-{k}", None, 0)
-        store.put_tombstone(Tombstone(key, 1, digest, {0: "d"}, outcome, now), now)
+        store.put_tombstone(Tombstone(key, 1, digest, {0: "d" * 64}, outcome, now), now)
         store.raise_watermark(key.group_id or "", 0, now)
 
 

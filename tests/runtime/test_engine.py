@@ -188,7 +188,7 @@ async def test_concurrent_identical_submissions_attach_to_one_outcome(
     # After completion an identical member replays, still without a judge call.
     replay = rt.submit(sub(1))
     assert replay.disposition is Disposition.REPLAYED
-    assert replay.replay is not None and replay.replay.outcome is outcomes[0]
+    assert replay.replay is not None and replay.replay.outcome == outcomes[0]
     assert len(judge.calls) == 3
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
@@ -392,7 +392,7 @@ async def test_the_evaluation_deadline_masks_the_cohort_and_discards_late_result
     assert cohort.outcome is outcome and cohort.phase is Phase.COMPLETED
     replay = rt.submit(sub(2))
     assert replay.disposition is Disposition.REPLAYED
-    assert replay.replay is not None and replay.replay.outcome is outcome
+    assert replay.replay is not None and replay.replay.outcome == outcome
     assert len(judge.calls) == 3
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
