@@ -158,22 +158,20 @@ def deep_size(obj: object, seen: set[int]) -> int:
 
 
 def breakdown(tomb: Tombstone) -> dict[str, int]:
-    """Bytes of one tombstone by field (shared objects counted at their first field)."""
-    seen: set[int] = set()
+    """Bytes of one stored tombstone by slot (the packed form, not the rebuilt values)."""
+    seen: set[int] = {id(tomb)}
     out = {"object": sys.getsizeof(tomb)}
-    seen.add(id(tomb))
-    outcome = tomb.outcome
-    for name in ("key", "prompt_digest", "digests"):
-        out[name] = deep_size(getattr(tomb, name), seen)
-    if outcome is not None:
-        out["outcome"] = sys.getsizeof(outcome)
-        seen.add(id(outcome))
-        for name in ("judged", "rewards", "metrics"):
-            if hasattr(outcome, name):
-                out[f"outcome.{name}"] = deep_size(getattr(outcome, name), seen)
-    rest = [s for s in getattr(type(tomb), "__slots__", ()) if s not in out and hasattr(tomb, s)]
-    for name in rest:
-        out[name] = deep_size(getattr(tomb, name), seen)
+    for name in type(tomb).__slots__:
+        value = getattr(tomb, name)
+        inner = getattr(type(value), "__slots__", None)
+        if name == "_outcome" and inner:
+            seen.add(id(value))
+            out["_outcome"] = sys.getsizeof(value)
+            for part in inner:
+                if hasattr(value, part):
+                    out[f"_outcome.{part}"] = deep_size(getattr(value, part), seen)
+        else:
+            out[name] = deep_size(value, seen)
     out["total"] = sum(out.values())
     return out
 

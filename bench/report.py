@@ -612,16 +612,16 @@ def memory_section(out: dict[str, Any]) -> str:
         "",
     ]
     if tm > 2 * KIB and br:
+        packed = sum(v for k, v in br.items() if k.startswith("_outcome"))
         text.append(
-            "The cause: a tombstone keeps, as Python objects, the 16 answer digests "
-            f"(`digests`, {br.get('digests', 0):,} B: 64-character hex strings in a dict, "
-            "kept to tell an identical resubmission from a conflicting one), the 16 "
-            f"`MemberReward`s with their comparison tuples ({br.get('outcome.rewards', 0):,} "
-            f"B), the judged pairs ({br.get('outcome.judged', 0):,} B) and the group "
-            f"metrics ({br.get('outcome.metrics', 0):,} B). Reaching 2 KiB needs a packed "
-            "layout: raw 16-byte digests in one `bytes` (256 B), rewards and verdicts as "
-            "one `array('d')` or serialized bytes, and the result message built on "
-            "replay; none of these is done yet."
+            "Where it goes: tombstones are stored packed (raw 32-byte digests in one "
+            f"`bytes`: {br.get('_digests', 0):,} B; the completed outcome as a few arrays of "
+            f"numbers: {packed:,} B), so one tombstone is {br.get('total', 0):,} B deep; the "
+            "rest of the per-cohort figure is the store's entries (tombstone and attempt "
+            "watermark in insertion-ordered dicts, their keys and expiry tuples) and the "
+            "group id string. Reaching 2 KiB would need folding the arrays into one buffer, "
+            "a raw prompt digest and one shared entry for tombstone and watermark; that is "
+            "not done."
         )
     return "\n".join(text)
 
