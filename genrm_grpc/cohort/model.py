@@ -26,6 +26,7 @@ class Reason(enum.StrEnum):
     CAPACITY_EXHAUSTED = "CAPACITY_EXHAUSTED"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     JUDGE_FAILED = "JUDGE_FAILED"
+    COHORT_NOT_FOUND = "COHORT_NOT_FOUND"  # GetCohort only
 
 
 class Phase(enum.Enum):

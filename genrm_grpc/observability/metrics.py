@@ -127,7 +127,8 @@ class ServerMetrics:
         for result in MEMBER_RESULTS:
             self.members.labels(result)
         for reason in Reason:
-            if reason is not Reason.JUDGE_FAILED:  # Compare only, never a member refusal
+            # JUDGE_FAILED (Compare) and COHORT_NOT_FOUND (GetCohort) never refuse a member.
+            if reason not in (Reason.JUDGE_FAILED, Reason.COHORT_NOT_FOUND):
                 self.members_rejected.labels(reason.value)
         for comparison in ("ok", "default_verdict", "failed", "cancelled"):
             self.judge_comparisons.labels(comparison)

@@ -25,6 +25,7 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.CAPACITY_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     Reason.JUDGE_FAILED: grpc.StatusCode.UNAVAILABLE,
+    Reason.COHORT_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
 }
 
 

@@ -7,7 +7,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
-import grpc
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 
@@ -106,9 +105,12 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
     def _replay(self, sub: Submission, ticket: Ticket) -> pb.MemberResult | Rejection:
         tomb = ticket.replay
         assert tomb is not None
-        if isinstance(tomb.outcome, Failed):
-            return failure_rejection(sub.key, tomb.outcome, member_metadata(sub))
-        result = convert.member_result(sub.coords, tomb.outcome, replayed=True)
+        failed = tomb.failed
+        if failed is not None:
+            return failure_rejection(sub.key, failed, member_metadata(sub))
+        outcome = tomb.outcome  # unpacked once, here
+        assert not isinstance(outcome, Failed)
+        result = convert.member_result(sub.coords, outcome, replayed=True)
         if result.mask_sample:
             self._observer.masked_result()
         return result
@@ -232,8 +234,13 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         cohort = registry.active(key)
         found = cohort if cohort is not None else registry.store.tombstone(key, now)
         if found is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no cohort {key} on this server")
-            raise AssertionError("unreachable")
+            meta = (
+                {"groupId": key.group_id, "groupAttempt": str(key.attempt)} if key.group_id else {}
+            )
+            await abort(
+                context,
+                Rejection(Reason.COHORT_NOT_FOUND, f"no cohort {key} on this server", meta),
+            )
         return pb.GetCohortResponse(
             cohort=convert.cohort_info(found, latest_attempt=latest, now=now)
         )

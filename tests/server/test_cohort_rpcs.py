@@ -185,7 +185,10 @@ async def test_get_cohort_reports_phase_and_missing_slots_and_not_found(
     assert 0 < info.seconds_to_deadline <= 1800
     with pytest.raises(CALL_ERRORS) as caught:
         await client.get_cohort(pb.MemberRef(group_id="nope"), timeout=5)
-    assert call_error(caught.value).code == grpc.StatusCode.NOT_FOUND
+    missing = call_error(caught.value)
+    assert missing.code == grpc.StatusCode.NOT_FOUND
+    assert missing.reason == "COHORT_NOT_FOUND"
+    assert missing.metadata == {"groupId": "nope", "groupAttempt": "0"}
     pending.cancel()
 
 

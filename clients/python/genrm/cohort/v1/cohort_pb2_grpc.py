@@ -95,8 +95,8 @@ class CohortServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetCohort(self, request, context):
-        """GetCohort shows an operator the state of one cohort. NOT_FOUND when the
-        server holds neither the cohort nor its tombstone.
+        """GetCohort shows an operator the state of one cohort. NOT_FOUND (reason
+        COHORT_NOT_FOUND) when the server holds neither the cohort nor its tombstone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
