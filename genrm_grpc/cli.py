@@ -39,10 +39,30 @@ _JUDGE_FLAGS: tuple[tuple[str, str, type], ...] = (
 
 
 def _serve(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="genrm-grpc serve", description="Run the gRPC server.")
+    parser = argparse.ArgumentParser(
+        prog="genrm-grpc serve",
+        description="Run the gRPC server. Settings: flags > GENRM_* env > --config YAML > "
+        "defaults; every key is documented in the README's configuration reference.",
+    )
     parser.add_argument("--config", help="YAML configuration file")
-    for flag, dest, kind in (*_FLAGS, *_JUDGE_FLAGS):
-        parser.add_argument(flag, dest=f"opt_{dest}", type=kind, default=None)
+    for flag, dest, kind in _FLAGS:
+        parser.add_argument(
+            flag,
+            dest=f"opt_{dest}",
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper(),
+            help=f"overrides `{dest}` (env GENRM_{dest.upper()})",
+        )
+    for flag, dest, kind in _JUDGE_FLAGS:
+        parser.add_argument(
+            flag,
+            dest=f"opt_{dest}",
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper(),
+            help=f"overrides `judge.{dest}` (env GENRM_JUDGE__{dest.upper()})",
+        )
     args = parser.parse_args(argv)
     top = {dest: getattr(args, f"opt_{dest}") for _, dest, _ in _FLAGS}
     judge = {dest: getattr(args, f"opt_{dest}") for _, dest, _ in _JUDGE_FLAGS}
