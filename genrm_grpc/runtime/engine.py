@@ -375,10 +375,10 @@ class CohortRuntime:
             second = AnswerTexts("", prompt.baseline_response or "").judge_text()
         else:
             second = snapshot[job.j].candidate.texts.judge_text()
+        # An absent or empty principle falls back to default_principle.
         principle = None
         if self.config.use_principle:
-            principle = prompt.principle if prompt.principle is not None else None
-            principle = principle or self.config.default_principle or None
+            principle = prompt.principle or self.config.default_principle or None
         return JudgeInput(prompt.messages, first, second, principle)
 
     async def _judge_pair(self, live: _Live, job: _Job, inp: JudgeInput) -> _PairResult:
