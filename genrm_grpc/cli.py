@@ -87,7 +87,11 @@ def _serve(argv: list[str]) -> int:
         host = settings.listen.rpartition(":")[0]
         print(f"genrm-grpc serving on {host}:{port}", flush=True)
 
-    asyncio.run(run(settings, on_ready=ready))
+    try:
+        asyncio.run(run(settings, on_ready=ready))
+    except (OSError, ConfigError) as exc:  # a busy port, an address not on this host, …
+        print(f"genrm-grpc: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -178,6 +178,8 @@ class Settings(BaseSettings):
     )
 
     listen: str = "127.0.0.1:50051"
+    #: Share ``listen`` with other processes (SO_REUSEPORT); off: a busy port is an error.
+    listen_reuse_port: bool = False
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
 
     # --- cohorts (NeMo Gym names)
