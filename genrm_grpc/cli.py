@@ -70,11 +70,10 @@ def _serve(argv: list[str]) -> int:
     top = {dest: getattr(args, f"opt_{dest}") for _, dest, _ in _FLAGS}
     judge = {dest: getattr(args, f"opt_{dest}") for _, dest, _ in _JUDGE_FLAGS}
     judge = {k: v for k, v in judge.items() if v is not None}
+    if judge:
+        # Sources merge per key: the rest of the judge block comes from env and YAML.
+        top["judge"] = judge
     try:
-        if judge:
-            # Flags override single judge keys; the rest of the block comes from file/env.
-            base = load_settings(args.config, **top)
-            top["judge"] = base.judge.model_copy(update=judge).model_dump()
         settings = load_settings(args.config, **top)
         settings.judge.api_key()
     except ConfigError as exc:
