@@ -68,6 +68,10 @@ class SyncCohortClient:
             self._thread.join()
             self._loop.close()
 
+    def connect(self, timeout: float | None = None) -> None:
+        """Wait for the first connection (see ``CohortClient.connect``)."""
+        self._run(self.client.connect(timeout))
+
     def submit_member(
         self,
         member: pb.MemberRef,
