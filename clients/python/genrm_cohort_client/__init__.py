@@ -27,9 +27,11 @@ from __future__ import annotations
 from genrm_cohort_client.client import (
     CandidateLike,
     CohortClient,
+    MemberRefLike,
     PromptLike,
     Regenerate,
     make_candidate,
+    make_member_ref,
     make_prompt,
 )
 from genrm_cohort_client.errors import (
@@ -63,6 +65,7 @@ __all__ = [
     "CohortError",
     "ErrorDetails",
     "GroupAttempts",
+    "MemberRefLike",
     "PromptLike",
     "Regenerate",
     "RetryPolicy",
@@ -70,6 +73,7 @@ __all__ = [
     "error_info",
     "make_candidate",
     "make_channel",
+    "make_member_ref",
     "make_prompt",
     "new_group_id",
     "status_error_info",

@@ -21,6 +21,7 @@ import grpc
 import tenacity
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
+from google.protobuf import json_format
 
 from genrm_cohort_client.errors import (
     CohortConnectError,
@@ -34,9 +35,11 @@ from genrm_cohort_client.options import ChannelOptions, RetryPolicy, make_channe
 __all__ = [
     "CandidateLike",
     "CohortClient",
+    "MemberRefLike",
     "PromptLike",
     "Regenerate",
     "make_candidate",
+    "make_member_ref",
     "make_prompt",
 ]
 
@@ -46,6 +49,9 @@ PromptLike = pb.Prompt | str | Sequence[tuple[str, str]] | Sequence[Mapping[str,
 """A ``Prompt``, a single user turn, ``(role, content)`` pairs or ``{"role", "content"}`` dicts."""
 CandidateLike = pb.Candidate | str | Mapping[str, Any]
 """A ``Candidate``, an answer text, or a whole Responses-API object (sent as JSON)."""
+MemberRefLike = pb.MemberRef | Mapping[str, Any]
+"""A ``MemberRef`` or a plain mapping of its fields (``{"group_id": …, "rollout_index": …}``;
+the JSON names ``groupId`` … work too)."""
 Regenerate = Callable[[int], Awaitable[Sequence[CandidateLike]]]
 """Called with the new group attempt after ABORTED; returns the replacement answers."""
 
@@ -75,6 +81,21 @@ def make_prompt(
     if baseline_response is not None:
         out.baseline_response = baseline_response
     return out
+
+
+def make_member_ref(member: MemberRefLike) -> pb.MemberRef:
+    """Build a ``MemberRef`` from any :data:`MemberRefLike` (a ``MemberRef`` as is).
+
+    An unknown field or a value of the wrong type raises ``ValueError`` naming it.
+    """
+    if isinstance(member, pb.MemberRef):
+        return member
+    if not isinstance(member, Mapping):
+        raise TypeError(f"member must be a MemberRef or a mapping, not {type(member).__name__}")
+    try:
+        return json_format.ParseDict(dict(member), pb.MemberRef())
+    except json_format.ParseError as exc:
+        raise ValueError(f"invalid member: {exc}".replace("\n", " ")) from None
 
 
 def make_candidate(candidate: CandidateLike) -> pb.Candidate:
@@ -270,14 +291,19 @@ class CohortClient:
 
     async def submit_member(
         self,
-        member: pb.MemberRef,
+        member: MemberRefLike,
         prompt: PromptLike,
         candidate: CandidateLike,
         *,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
     ) -> pb.MemberResult:
-        """``SubmitMember``: waits for the cohort's outcome; resends on UNAVAILABLE."""
+        """``SubmitMember``: waits for the cohort's outcome; resends on UNAVAILABLE.
+
+        ``member`` is a ``MemberRef`` or a mapping such as ``{"group_id": "job-1/p-3",
+        "group_attempt": 0, "rollout_index": 2, "group_size": 8}``.
+        """
+        member = make_member_ref(member)
         request = pb.SubmitMemberRequest(
             member=member, prompt=make_prompt(prompt), candidate=make_candidate(candidate)
         )
@@ -314,7 +340,7 @@ class CohortClient:
 
     async def get_cohort(
         self,
-        member: pb.MemberRef | str,
+        member: MemberRefLike | str,
         *,
         attempt: int | None = None,
         prompt: PromptLike | None = None,
@@ -327,7 +353,7 @@ class CohortClient:
             if attempt is not None:
                 ref.group_attempt = attempt
         else:
-            ref = member
+            ref = make_member_ref(member)
         request = pb.GetCohortRequest(member=ref)
         if prompt is not None:
             request.prompt.CopyFrom(make_prompt(prompt))

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from genrm.cohort.v1 import cohort_pb2 as pb
 
-from genrm_cohort_client.client import CandidateLike, CohortClient, PromptLike
+from genrm_cohort_client.client import CandidateLike, CohortClient, MemberRefLike, PromptLike
 from genrm_cohort_client.options import ChannelOptions, RetryPolicy
 
 __all__ = ["SyncCohortClient"]
@@ -74,7 +74,7 @@ class SyncCohortClient:
 
     def submit_member(
         self,
-        member: pb.MemberRef,
+        member: MemberRefLike,
         prompt: PromptLike,
         candidate: CandidateLike,
         **kwargs: Any,
@@ -86,7 +86,7 @@ class SyncCohortClient:
     ) -> pb.CompareResponse:
         return self._run(self.client.compare(prompt, list(candidates), **kwargs))
 
-    def get_cohort(self, member: pb.MemberRef | str, **kwargs: Any) -> pb.CohortInfo:
+    def get_cohort(self, member: MemberRefLike | str, **kwargs: Any) -> pb.CohortInfo:
         return self._run(self.client.get_cohort(member, **kwargs))
 
     def evaluate_group(
