@@ -102,7 +102,17 @@ def _health(argv: list[str]) -> int:
         prog="genrm-grpc health",
         description="Check grpc.health.v1: exit 0 only when the service is SERVING.",
     )
-    parser.add_argument("--server", "--target", dest="server", default="127.0.0.1:50051")
+    parser.add_argument(
+        "--server",
+        "--target",
+        dest="server",
+        help="HOST:PORT to check (default: from --config, else 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--config",
+        help="the server's YAML config: check the port its listen key (or GENRM_LISTEN) "
+        "names, on loopback when it listens on all addresses",
+    )
     parser.add_argument("--service", default="", help="service name ('' = the whole server)")
     parser.add_argument("--timeout-s", type=float, default=5.0)
     parser.add_argument("--tls", action="store_true", help="connect with TLS")
@@ -124,6 +134,12 @@ def _health(argv: list[str]) -> int:
     if (args.cert_file is None) != (args.key_file is None):
         print("genrm-grpc health: --cert-file and --key-file go together", file=sys.stderr)
         return 2
+    if args.server is None:
+        try:
+            args.server = _health_target(args)
+        except ConfigError as exc:
+            print(f"genrm-grpc health: {exc}", file=sys.stderr)
+            return 2
     metadata: list[tuple[str, str]] = []
     try:
         token = None
@@ -166,6 +182,24 @@ def _health(argv: list[str]) -> int:
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     print(f"{args.server} {args.service or '(overall)'}: {status}")
     return 0 if status == "SERVING" else 1
+
+
+def _health_target(args: argparse.Namespace) -> str:
+    """The address to probe: the configured ``listen`` (wildcards → loopback)."""
+    if args.config is None:
+        return "127.0.0.1:50051"
+    settings = load_settings(args.config)
+    host, _, port = settings.listen.rpartition(":")
+    if port == "0":
+        raise ConfigError(f"listen {settings.listen} has no fixed port: pass --server")
+    if settings.tls is not None and not (args.tls or args.ca_file or args.cert_file):
+        raise ConfigError(
+            "the server serves TLS (tls.cert_file): pass --ca-file, and --server-name when "
+            "its certificate does not name the probed host"
+        )
+    if host.strip("[]") in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"  # listening on every address includes loopback
+    return f"{host}:{port}"
 
 
 def _read(path: str | None) -> bytes | None:
