@@ -66,3 +66,9 @@ def test_each_command_help_is_plain_text(name: str) -> None:
     assert done.stdout.startswith(f"usage: genrm-grpc {name}")
     assert not RST.search(done.stdout), done.stdout
     assert "`" not in done.stdout
+
+
+def test_the_readme_lists_every_command() -> None:
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name in COMMANDS:
+        assert f"| `{name}` |" in readme, name
