@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -255,6 +256,14 @@ def saturation_section(out: dict[str, Any]) -> str:
                     _spread(s["saturation"]),
                     str(s["max_in_flight"]),
                     _f(s["cpu_us_per_judge_call"]["median"], 0),
+                    _f(
+                        statistics.median(
+                            r["server_cpu_share"]
+                            for r in sat["rows"]
+                            if r["c"] == c and r["side"] == side
+                        ),
+                        2,
+                    ),
                 ]
             )
     return "\n".join(
@@ -267,7 +276,9 @@ def saturation_section(out: dict[str, Any]) -> str:
             "16-member groups in flight. Judge calls per second are counted by the judge "
             f"over a {plan['sat_window_s']:.0f} s window after {plan['sat_warmup_s']:.0f} s "
             f"of ramp-up; {plan['sat_rounds']} rounds, sides alternating. Max in flight is "
-            "the judge's own gauge over the whole run.",
+            "the judge's own gauge over the whole run. Server CPU (cores) is the server "
+            "process's CPU seconds per second in the window: below 1 while the throughput "
+            "is low means the process did not get more of the shared cores.",
             "",
             md_table(
                 [
@@ -277,6 +288,7 @@ def saturation_section(out: dict[str, Any]) -> str:
                     "÷ C/L",
                     "max in flight",
                     "server CPU µs/call",
+                    "server CPU (cores)",
                 ],
                 rows,
             ),
@@ -354,10 +366,12 @@ def profile_section(out: dict[str, Any]) -> str:
     lines = [
         "## 5. Where the server's CPU goes (py-spy)",
         "",
-        "`py-spy record --pid` on the server process at 250 Hz while the load generator "
-        "drives it (native time inside grpcio's Cython core is charged to the Python "
-        "line that called it, e.g. `context.write`, `async for request`). Shares are of "
-        "all samples of the process, idle excluded.",
+        "`py-spy record --pid --gil` on the server process at 250 Hz while the load "
+        "generator drives it: only samples of the thread holding the GIL, i.e. Python "
+        "work (native time inside grpcio's Cython core is charged to the Python line that "
+        "called it, e.g. `context.write`, `async for request`). A sample counts for the "
+        "judge HTTP client when its stack holds a frame of `genrm_grpc/judge/client.py` or "
+        "of its HTTP library, for the service code when it holds another project frame.",
     ]
     if "error" in prof:
         return "\n".join([*lines, "", f"py-spy failed: {prof['error']}"])
@@ -376,8 +390,10 @@ def profile_section(out: dict[str, Any]) -> str:
         )
         lines += [
             "",
+            md_table(["where the samples are", "%"], [[c, _f(k)] for c, k in p["categories"]]),
+            "",
             md_table(
-                ["top self (function)", "%", "top inclusive (function)", "%"],
+                ["top self (function)", "%", "top project functions (inclusive)", "%"],
                 [
                     [
                         s[0] if s else "",
@@ -385,7 +401,7 @@ def profile_section(out: dict[str, Any]) -> str:
                         i[0] if i else "",
                         _f(i[1]) if i else "",
                     ]
-                    for s, i in _zip_longest(p["self"][:12], p["inclusive"][:12])
+                    for s, i in _zip_longest(p["self"][:10], p.get("project", [])[:10])
                 ],
             ),
         ]

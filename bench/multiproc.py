@@ -671,19 +671,40 @@ def section_retained(
 
 
 def _frame(frame: str) -> str:
-    """``func (path/to/file.py:123)`` → ``func (file.py)``: one entry per function."""
+    """``func (.../site-packages/httpx/_client.py:123)`` → ``func (httpx/_client.py)``:
+    one entry per function; the project's own files keep their ``genrm_grpc/`` prefix."""
     name, _, where = frame.partition(" (")
     where = where.rstrip(")").rsplit(":", 1)[0]
-    for root in ("site-packages/", "genrm_grpc/", "python3.11/"):
-        if root in where:
-            where = where.split(root, 1)[1]
+    if "genrm_grpc/" in where:
+        where = "genrm_grpc/" + where.split("genrm_grpc/", 1)[1]
+    else:
+        for root in ("site-packages/", "python3.11/"):
+            if root in where:
+                where = where.split(root, 1)[1]
     return f"{name} ({where})" if where else name
 
 
+#: Libraries of the judge HTTP client path (httpx today; aiohttp is counted too).
+_HTTP_CLIENT = ("httpx/", "httpcore/", "anyio/", "h11/", "aiohttp/", "tenacity/")
+
+
+def _category(frames: Sequence[str]) -> str:
+    if any(
+        "(genrm_grpc/judge/client.py" in f or f.partition(" (")[2].startswith(_HTTP_CLIENT)
+        for f in frames
+    ):
+        return "judge HTTP client (genrm_grpc/judge/client.py and its HTTP library)"
+    if any("(genrm_grpc/" in f and "genrm_grpc/cli.py" not in f for f in frames):
+        return "service code (servicer, registry, runtime, scoring, metrics)"
+    return "gRPC core and the event loop only (no project frame on the stack)"
+
+
 def summarise_profile(raw: str, top: int = 15) -> dict[str, Any]:
-    """Self and inclusive sample shares per function from py-spy's collapsed stacks."""
+    """Self and inclusive sample shares per function from py-spy's collapsed stacks, the
+    top project functions, and the share of samples per category of work."""
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
+    cats: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -693,13 +714,23 @@ def summarise_profile(raw: str, top: int = 15) -> dict[str, Any]:
         frames = [_frame(f) for f in stack.split(";")]
         total += n
         own[frames[-1]] += n
+        cats[_category(frames)] += n
         for f in set(frames):
             incl[f] += n
 
-    def share(counts: collections.Counter[str]) -> list[list[Any]]:
-        return [[f, round(100 * k / total, 1)] for f, k in counts.most_common(top)]
+    def share(counts: collections.Counter[str], keep: int = top) -> list[list[Any]]:
+        return [[f, round(100 * k / total, 1)] for f, k in counts.most_common(keep)]
 
-    return {"samples": total, "self": share(own), "inclusive": share(incl)}
+    project = collections.Counter(
+        {f: k for f, k in incl.items() if "(genrm_grpc/" in f and "genrm_grpc/cli.py" not in f}
+    )
+    return {
+        "samples": total,
+        "self": share(own),
+        "inclusive": share(incl),
+        "project": share(project),
+        "categories": share(cats, 10),
+    }
 
 
 def section_profile(
@@ -734,6 +765,7 @@ def section_profile(
                     str(math.ceil(plan.profile_s) + 1),
                     "--rate",
                     "250",
+                    "--gil",
                     "--format",
                     "raw",
                     "--nonblocking",
@@ -778,8 +810,7 @@ def section_profile(
 
 def run_multi(plan: MultiPlan, out: dict[str, Any], keep_logs: pathlib.Path | None = None) -> None:
     """Run the multi-process sections of ``plan`` and put their results into ``out``."""
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="genrm-bench-"))
-    logs = keep_logs or tmp
+    logs = keep_logs or pathlib.Path(tempfile.mkdtemp(prefix="genrm-bench-"))
     logs.mkdir(parents=True, exist_ok=True)
     judge = Judge("judge-instant", 0.0, logs)
     load = LoadGen(logs)
@@ -805,4 +836,4 @@ def run_multi(plan: MultiPlan, out: dict[str, Any], keep_logs: pathlib.Path | No
         load.stop()
         judge.stop()
         if keep_logs is None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(logs, ignore_errors=True)

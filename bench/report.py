@@ -161,7 +161,7 @@ def machine_section(out: dict[str, Any]) -> str:
             f"{m['mem_gib']} GiB RAM",
             f"- OS: {m['platform']}",
             f"- Python {m['python']}, grpcio {m['grpcio']}, protobuf {m['protobuf']}, "
-            f"httpx {m['httpx']}",
+            f"httpx {m['httpx']}, aiohttp {m.get('aiohttp', '?')} (the baseline's judge client)",
             f"- load average (1/5/15 min) at start: {load0}; at end: {load1}",
             f"- run: {out['started_at']}, {out['duration_s']} s"
             + (" (**--quick**: fewer rounds and groups)" if out.get("quick") else ""),
@@ -399,16 +399,18 @@ def memory_section(out: dict[str, Any]) -> str:
         "",
     ]
     if tm > 2 * KIB and br:
-        packed = sum(v for k, v in br.items() if k.startswith("_outcome"))
+        stored = (
+            f"one `bytes` record of {br['stored record']:,} B (raw digests and the packed "
+            "outcome; the table breaks down the object rebuilt from it for a lookup)"
+            if "stored record" in br
+            else "one `bytes` record (raw digests and the packed outcome)"
+        )
         text.append(
-            "Where it goes: tombstones are stored packed (raw 32-byte digests in one "
-            f"`bytes`: {br.get('_digests', 0):,} B; the completed outcome as a few arrays of "
-            f"numbers: {packed:,} B), so one tombstone is {br.get('total', 0):,} B deep; the "
-            "rest of the per-cohort figure is the store's entries (tombstone and attempt "
-            "watermark in insertion-ordered dicts, their keys and expiry tuples) and the "
-            "group id string. Reaching 2 KiB would need folding the arrays into one buffer, "
-            "a raw prompt digest and one shared entry for tombstone and watermark; that is "
-            "not done."
+            f"Where it goes: the store keeps each tombstone as {stored}; the rest of the "
+            "per-cohort figure is the store's entries (expiry tuples under plain tuple "
+            "keys, the attempt watermark) and the group id string. Reaching 2 KiB would "
+            "need a raw prompt digest, fewer per-pair numbers and one shared entry for "
+            "tombstone and watermark; that is not done."
         )
     return "\n".join(text)
 
@@ -468,8 +470,12 @@ def markdown(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
         "",
         "```",
         "make bench                               # full run, rewrites this file",
-        ".venv/bin/python -m bench.run --quick    # ~30 s smoke run, written under "
+        ".venv/bin/python -m bench.run --quick    # ~2–3 min smoke run, written under "
         "bench/results/quick/",
+        ".venv/bin/python -m bench.run --only saturation   # one section (see --help)",
         "```",
+        "",
+        "The harness, its processes and what each section measures: "
+        "[bench/README.md](../bench/README.md).",
     ]
     return "\n".join(parts) + "\n"

@@ -623,9 +623,9 @@ async def run_async(plan: Plan, out: dict[str, Any]) -> None:
 
 def parse_args(
     argv: Sequence[str] | None,
-) -> tuple[Plan, pathlib.Path, pathlib.Path | None, pathlib.Path | None]:
+) -> tuple[Plan, pathlib.Path, pathlib.Path | None, pathlib.Path | None, pathlib.Path | None]:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (~30 s)")
+    parser.add_argument("--quick", action="store_true", help="a short run (~2-3 min)")
     parser.add_argument("--ops", type=int, help="registry.submit calls per retained size")
     parser.add_argument("--rounds", type=int, help="interleaved rounds of the core benchmark")
     parser.add_argument("--seed", type=int, help="random seed")
@@ -642,6 +642,12 @@ def parse_args(
         "(default: docs/ for a full run, bench/results/quick/ with --quick)",
     )
     parser.add_argument(
+        "--render",
+        type=pathlib.Path,
+        metavar="RESULTS_JSON",
+        help="measure nothing: rewrite the report from a saved results.json",
+    )
+    parser.add_argument(
         "--keep-logs",
         type=pathlib.Path,
         help="keep the multi-process logs, configs and py-spy output in this directory",
@@ -655,11 +661,13 @@ def parse_args(
         "sections": tuple(args.only) if args.only else None,
     }
     plan = replace(plan, **{k: v for k, v in changes.items() if v is not None})
-    return plan, args.output, args.docs, args.keep_logs
+    return plan, args.output, args.docs, args.keep_logs, args.render
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    plan, output, docs_dir, keep_logs = parse_args(argv)
+    plan, output, docs_dir, keep_logs, rendered = parse_args(argv)
+    if rendered is not None:
+        return render(rendered, docs_dir)
     logging.getLogger("genrm_grpc").addHandler(WARNINGS)
     started = time.perf_counter()
     machine = machine_info()
@@ -724,14 +732,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(out, indent=2, allow_nan=True) + "\n"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
+    docs = write_docs(out, docs_dir)
+    print(f"total {out['duration_s']} s; results written to {output}; report {docs}/performance.md")
+    return 0
+
+
+def write_docs(out: dict[str, Any], docs_dir: pathlib.Path | None) -> pathlib.Path:
+    """performance.md, its plots and results.json from one run's results; the page's kept
+    sections are carried over from the file it replaces."""
     docs = docs_dir if docs_dir is not None else (QUICK_DOCS_DIR if out["quick"] else DOCS_DIR)
     assets = docs / "performance"
     plots = report.write_plots(out, assets)
-    (assets / "results.json").write_text(text)
+    (assets / "results.json").write_text(json.dumps(out, indent=2, allow_nan=True) + "\n")
     page = docs / "performance.md"
     old = page.read_text() if page.exists() else None
     page.write_text(keep_sections(report.markdown(out, plots, "performance"), old))
-    print(f"total {out['duration_s']} s; results written to {output}; report {docs}/performance.md")
+    return docs
+
+
+def render(results: pathlib.Path, docs_dir: pathlib.Path | None) -> int:
+    """Rewrite the report from a saved results.json (no measuring)."""
+    out = json.loads(results.read_text())
+    docs = write_docs(out, docs_dir)
+    print(f"report {docs}/performance.md rendered from {results}")
     return 0
 
 
