@@ -56,7 +56,6 @@ def test_both_sides_make_one_judge_call_per_member_and_nothing_is_masked(
         for side in ("service", "baseline"):
             assert summary[api][side]["judge_calls_per_member"]["median"] == 1.0  # circular
             assert summary[api][side]["masked"] == 0
-            assert summary[api][side]["cpu_us_per_member"]["median"] > 0
         assert summary[api]["ratio"]["median"] > 0
 
 
