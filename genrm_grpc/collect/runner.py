@@ -380,8 +380,10 @@ async def run(config: CollectConfig) -> int:
         progress.enabled = False
     ticker = asyncio.create_task(progress.tick())
     client: CohortClient | None = None
+    # --resume reads (and repairs) the earlier run first: a finished run needs no server.
+    prior = load_prior_state(paths) if config.resume else PriorState()
     try:
-        if any(group.problem is None for group in groups):
+        if any(g.problem is None and g.key not in prior.complete for g in groups):
             # Connect before any output is touched: a wrong address costs seconds, and the
             # next run needs neither --resume nor --overwrite.
             client = CohortClient(
@@ -404,7 +406,7 @@ async def run(config: CollectConfig) -> int:
                 return EXIT_CANNOT_CONNECT
             progress.set_status(None)
         return await _collect(
-            config, paths, existing, groups, bad, row_count, started, client, progress
+            config, paths, existing, groups, bad, row_count, started, client, progress, prior
         )
     finally:
         ticker.cancel()
@@ -424,12 +426,12 @@ async def _collect(
     started: float,
     client: CohortClient | None,
     progress: Progress,
+    prior: PriorState,
 ) -> int:
     if config.overwrite and not config.resume:
         for p in existing:
             p.unlink()
     config.output.parent.mkdir(parents=True, exist_ok=True)
-    prior = load_prior_state(paths) if config.resume else PriorState()
     run_id = int(time.time() * 1000)
     collector = Collector(config, paths, run_id)
     collector.open()

@@ -114,6 +114,7 @@ def check_listen(listen: str, *, reuse_port: bool, what: str = "listen") -> None
         )
     except socket.gaierror as exc:
         raise ListenError(f"cannot listen on {listen}{label}: {exc.strerror}") from None
+    failures: list[OSError] = []
     for family, kind, proto, _, address in infos:
         with socket.socket(family, kind, proto) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -122,14 +123,20 @@ def check_listen(listen: str, *, reuse_port: bool, what: str = "listen") -> None
             try:
                 sock.bind(address)
             except OSError as exc:
-                reason = (exc.strerror or str(exc)).lower()
-                hint = ""
-                if exc.errno == errno.EADDRINUSE and what == "listen":
-                    hint = (
-                        " (another process listens there; stop it, pick another port, or set "
-                        "listen_reuse_port: true to share the port on purpose)"
-                    )
-                raise ListenError(f"cannot listen on {listen}{label}: {reason}{hint}") from None
+                failures.append(exc)
+    # A port in use anywhere is refused. Other failures only matter when no address
+    # binds: gRPC serves on the addresses it can (``localhost`` without IPv6, say).
+    busy = [exc for exc in failures if exc.errno == errno.EADDRINUSE]
+    if busy or (failures and len(failures) == len(infos)):
+        first = (busy or failures)[0]
+        reason = (first.strerror or str(first)).lower()
+        hint = ""
+        if busy and what == "listen":
+            hint = (
+                " (another process listens there; stop it, pick another port, or set "
+                "listen_reuse_port: true to share the port on purpose)"
+            )
+        raise ListenError(f"cannot listen on {listen}{label}: {reason}{hint}")
 
 
 class CohortServer:

@@ -173,3 +173,28 @@ def test_collect_refuses_a_connect_timeout_that_is_not_a_positive_number(
     )
     assert done.returncode == 2
     assert done.stderr.strip() == "genrm-grpc collect: --connect-timeout-s must be > 0"
+
+
+def test_resuming_a_finished_run_needs_no_server(tmp_path: Path) -> None:
+    source, out = _rollouts(tmp_path), tmp_path / "results.jsonl"
+    argv = ["collect", "--input", str(source), "--output", str(out), "--connect-timeout-s", "1"]
+    with (
+        process([*PY, "fake-judge", "--port", "0"], "fake-judge listening on") as url,
+        process(
+            [*PY, "serve", "--listen", "127.0.0.1:0", "--judge-url", url], "genrm-grpc serving on"
+        ) as target,
+    ):
+        first = subprocess.run(
+            [*PY, *argv, "--server", target], capture_output=True, text=True, timeout=300
+        )
+    assert first.returncode == 0, first.stderr
+    with _refusing_port() as sock:
+        again = subprocess.run(
+            [*PY, *argv, "--server", f"127.0.0.1:{sock.getsockname()[1]}", "--resume"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert again.returncode == 0, again.stderr
+    assert "resume: 1 group(s) already complete" in again.stderr
+    assert "connecting" not in again.stderr

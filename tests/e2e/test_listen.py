@@ -94,3 +94,12 @@ def test_a_busy_metrics_port_is_refused_with_one_line() -> None:
     assert line == (
         f"genrm-grpc: cannot listen on 127.0.0.1:{port} (metrics_listen): address already in use"
     )
+
+
+def test_a_name_with_several_addresses_is_refused_when_one_of_them_is_busy() -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        line = _refused("--listen", f"localhost:{port}")
+    assert line.startswith(f"genrm-grpc: cannot listen on localhost:{port}: address already in use")
