@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return collect_main(rest)
     if command == "fake-judge":
-        from genrm_grpc.testing import main as fake_main
+        from genrm_grpc.testing.cli import main as fake_main
 
         return fake_main(rest)
     from genrm_grpc.demo import main as demo_main

@@ -21,10 +21,10 @@ from genrm_grpc.testing import (
     FakeJudgeServer,
     fake_score,
     fake_verdict,
-    main,
     pair_key,
     parse_latency_spec,
 )
+from genrm_grpc.testing.cli import main
 
 PROMPT = "What is the capital of France?"
 GOOD = "The capital of France is Paris, a city on the Seine."
@@ -347,7 +347,7 @@ def test_main_rejects_invalid_flags_with_usage_error() -> None:
 
 
 def test_cli_prints_its_url_answers_and_exits_zero_on_sigterm() -> None:
-    code = "from genrm_grpc.testing import main; main(['--port', '0', '--seed', '3'])"
+    code = "from genrm_grpc.testing.cli import main; main(['--port', '0', '--seed', '3'])"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(
         [sys.executable, "-c", code],
