@@ -13,7 +13,12 @@ import threading
 from types import FrameType
 from typing import Any
 
-from genrm_grpc.testing.faults import FAULT_HELP, FAULT_KINDS, FakeJudgeConfig
+from genrm_grpc.testing.faults import (
+    ADVERSARIAL_KINDS,
+    FAULT_HELP,
+    FAULT_KINDS,
+    FakeJudgeConfig,
+)
 from genrm_grpc.testing.server import FakeJudgeServer
 
 
@@ -55,6 +60,18 @@ def _build_parser() -> argparse.ArgumentParser:
             default=0,
             help=f"{FAULT_HELP[kind]} for the first N requests of each answer pair",
         )
+    parser.add_argument(
+        "--adversarial-kind",
+        default="cycle",
+        choices=["cycle", *ADVERSARIAL_KINDS],
+        help="shape of adversarial answers; cycle takes them in turn (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--adversarial-chars",
+        type=int,
+        default=65536,
+        help="length of adversarial answers in characters (default: %(default)s)",
+    )
     return parser
 
 
@@ -70,6 +87,8 @@ def _config_from_args(args: argparse.Namespace) -> FakeJudgeConfig:
         model=args.model,
         latency_ms=args.latency_ms,
         retry_after_s=None if args.retry_after_s < 0 else args.retry_after_s,
+        adversarial_kind=args.adversarial_kind,
+        adversarial_chars=args.adversarial_chars,
         **faults,
     )
 

@@ -11,8 +11,23 @@ Content-Length, then half the body, then close), ``fail_400``, ``fail_503``, ``f
 (with ``Retry-After`` when ``retry_after_s`` is set; whole seconds, rounded up),
 ``invalid_json`` (a 200 whose body is not JSON), ``budget_exhaust`` (``status:
 incomplete`` with ``incomplete_details.reason = max_output_tokens`` and partial text; in
-chat: ``finish_reason: length``), ``empty`` (a completed answer with no text) and
-``malformed`` (a completed answer in prose without any JSON verdict).
+chat: ``finish_reason: length``), ``empty`` (a completed answer with no text),
+``malformed`` (a completed answer in prose without any JSON verdict) and ``adversarial``
+(a completed answer built to make a verdict parser slow; see below). The ``adversarial``
+draw comes from a second stream seeded from the same seed, so adding it left the fault
+sequence of every existing seed unchanged.
+
+Adversarial answers carry no verdict; they are ``adversarial_chars`` characters
+(default 65,536) of one of these kinds (``adversarial_kind``; ``cycle``, the default,
+takes them in turn by request number):
+
+* ``unclosed_fence`` — ```` ```json ```` followed by spaces and no closing fence (cubic
+  for a backtracking ```` ```json\\s*([\\s\\S]*?)\\s*``` ```` regex);
+* ``open_braces`` — a run of ``{`` that never closes (quadratic for a brace scan that
+  restarts at every ``{``);
+* ``brace_quotes`` — ``{"`` repeated (every other brace sits inside a string);
+* ``nested_quotes`` — ``{"\\"{`` repeated (escaped quotes inside strings that open
+  braces).
 
 Each kind has a rate in [0, 1] (``--fail-503-rate``) and a deterministic ``first_n``
 (``--fail-503-first-n``): the first N requests *of each answer pair* get that fault.
@@ -58,6 +73,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "budget_exhaust",
     "empty",
     "malformed",
+    "adversarial",
 )
 """Fault kinds in precedence order: when several fire for one request, the first wins."""
 
@@ -72,7 +88,38 @@ FAULT_HELP = {
     "budget_exhaust": "answer an incomplete (max_output_tokens) / finish_reason=length answer",
     "empty": "answer a completed answer with empty text",
     "malformed": "answer a completed answer in prose without a JSON verdict",
+    "adversarial": "answer a completed answer built to slow a verdict parser down "
+    "(see --adversarial-kind, --adversarial-chars)",
 }
+_SECOND_STREAM_KINDS = frozenset({"adversarial"})
+"""Kinds drawn from the second random stream (added after seeds were in use)."""
+
+ADVERSARIAL_KINDS: tuple[str, ...] = (
+    "unclosed_fence",
+    "open_braces",
+    "brace_quotes",
+    "nested_quotes",
+)
+"""What an ``adversarial`` answer looks like; ``cycle`` takes them in turn."""
+
+
+def adversarial_text(kind: str, chars: int, sequence: int = 1) -> str:
+    """An answer of ``chars`` characters of the given kind (``cycle``: by ``sequence``)."""
+    if kind == "cycle":
+        kind = ADVERSARIAL_KINDS[(sequence - 1) % len(ADVERSARIAL_KINDS)]
+    if kind == "unclosed_fence":
+        unit = "```json" + " " * max(0, chars - 7)
+    elif kind == "open_braces":
+        unit = "{"
+    elif kind == "brace_quotes":
+        unit = '{"'
+    elif kind == "nested_quotes":
+        unit = '{"\\"{'
+    else:
+        raise ValueError(f"adversarial_kind must be cycle or one of {list(ADVERSARIAL_KINDS)}")
+    return (unit * (chars // len(unit) + 1))[:chars]
+
+
 MALFORMED_TEXT = (
     "Having weighed both answers, response 1 seems a little more helpful than "
     "response 2, though neither is perfect. Scores: undecided."
@@ -151,6 +198,10 @@ class FakeJudgeConfig:
     empty_first_n: int = 0
     malformed_rate: float = 0.0
     malformed_first_n: int = 0
+    adversarial_rate: float = 0.0
+    adversarial_first_n: int = 0
+    adversarial_kind: str = "cycle"
+    adversarial_chars: int = 65536
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -174,6 +225,16 @@ class FakeJudgeConfig:
         if not isinstance(self.latency_ms, str):
             raise ValueError(f"latency_ms must be a spec string, got {self.latency_ms!r}")
         parse_latency_spec(self.latency_ms)
+        if self.adversarial_kind != "cycle" and self.adversarial_kind not in ADVERSARIAL_KINDS:
+            raise ValueError(
+                f"adversarial_kind must be cycle or one of {list(ADVERSARIAL_KINDS)}, "
+                f"got {self.adversarial_kind!r}"
+            )
+        chars = self.adversarial_chars
+        if isinstance(chars, bool) or not isinstance(chars, int) or not 16 <= chars <= 1 << 24:
+            raise ValueError(
+                f"adversarial_chars must be an integer in [16, 16777216], got {chars!r}"
+            )
 
     def faults(self) -> dict[str, Any]:
         """The runtime-adjustable part of the configuration."""
@@ -184,6 +245,8 @@ RUNTIME_FIELDS: tuple[str, ...] = (
     "latency_ms",
     "retry_after_s",
     *(f"{kind}_{suffix}" for kind in FAULT_KINDS for suffix in ("rate", "first_n")),
+    "adversarial_kind",
+    "adversarial_chars",
 )
 """Fields that ``POST /faults`` and ``FakeJudgeServer.set_faults`` may change."""
 
@@ -216,6 +279,7 @@ class JudgeState:
         self.config = config
         self.latency = parse_latency_spec(config.latency_ms)
         self.rng = random.Random(config.seed)
+        self.second_rng = random.Random(f"{config.seed}/second-stream")
         self.total = 0
         self.by_endpoint: Counter[str] = Counter()
         self.by_outcome: Counter[str] = Counter()
@@ -263,7 +327,10 @@ class JudgeState:
             # Always consume the same number of draws so the sequence depends only on
             # the seed and the request order, not on which faults are switched on.
             latency_s = max(0.0, self.latency(self.rng)) / 1000.0
-            draws = [self.rng.random() for _ in FAULT_KINDS]
+            draws = [
+                (self.second_rng if kind in _SECOND_STREAM_KINDS else self.rng).random()
+                for kind in FAULT_KINDS
+            ]
             outcome = "ok"
             if config.model is not None and request.model != config.model:
                 outcome = "model_not_found"

@@ -44,6 +44,7 @@ from genrm_grpc.testing.faults import (
     FakeJudgeConfig,
     JudgeRequest,
     JudgeState,
+    adversarial_text,
 )
 from genrm_grpc.testing.heuristic import REASONING_SUMMARY, verdict_text, words
 
@@ -135,8 +136,10 @@ def _parse_judge_request(endpoint: str, body: object) -> JudgeRequest:
     )
 
 
-def _answer_body(request: JudgeRequest, outcome: str, sequence: int) -> dict[str, Any]:
-    """The JSON answer for a 200 outcome: ok, budget_exhaust, empty or malformed."""
+def _answer_body(
+    request: JudgeRequest, outcome: str, sequence: int, config: FakeJudgeConfig
+) -> dict[str, Any]:
+    """The JSON answer for a 200 outcome: ok, budget_exhaust, empty, malformed, adversarial."""
     reasoning = REASONING_SUMMARY
     if outcome == "budget_exhaust":
         text = PARTIAL_TEXT
@@ -144,6 +147,8 @@ def _answer_body(request: JudgeRequest, outcome: str, sequence: int) -> dict[str
         text = ""
     elif outcome == "malformed":
         text = MALFORMED_TEXT
+    elif outcome == "adversarial":
+        text = adversarial_text(config.adversarial_kind, config.adversarial_chars, sequence)
     else:
         text = verdict_text(request.last_user_turn, request.response_1, request.response_2)
     reasoning_tokens = len(words(reasoning))
@@ -347,7 +352,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif outcome == "invalid_json":
             self._send_bytes(200, b"<html>upstream proxy error</html>", "text/html")
         else:
-            body = json.dumps(_answer_body(request, outcome, sequence)).encode("utf-8")
+            body = json.dumps(_answer_body(request, outcome, sequence, state.config)).encode(
+                "utf-8"
+            )
             if outcome == "truncate":
                 self._send_truncated(body)
             else:
