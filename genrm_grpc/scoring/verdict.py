@@ -104,10 +104,12 @@ def _closing_braces(text: str) -> dict[int, int]:
         char = text[pos]
         changed = False
         if char == "{":
-            if all(lane.state != _OUT for lane in lanes):
+            for lane in lanes:
+                if lane.state == _OUT:
+                    break
+            else:
                 lanes.append(_Lane(_OUT))
-            changed = _open_braces(lanes, pos, match.end())
-            if changed:
+            if _open_braces(lanes, pos, match.end()):
                 lanes = _merged(lanes, after)
             continue
         for lane in lanes:
@@ -151,7 +153,10 @@ def _open_braces(lanes: list[_Lane], start: int, end: int) -> bool:
     changed = False
     for lane in lanes:
         if lane.state == _OUT:
-            lane.levels.extend([pos, pos] for pos in range(start, end))
+            if end == start + 1:
+                lane.levels.append([start, start])
+            else:
+                lane.levels.extend([pos, pos] for pos in range(start, end))
         elif lane.state == _ESC:
             lane.state = _IN  # the first brace is escaped, or the escape is already over
             changed = True
@@ -160,6 +165,8 @@ def _open_braces(lanes: list[_Lane], start: int, end: int) -> bool:
 
 def _merged(lanes: list[_Lane], after: dict[int, int]) -> list[_Lane]:
     """Join lanes in the same string state, aligning their stacks at the top."""
+    if len(lanes) == 1:
+        return lanes if lanes[0].levels else []
     by_state: dict[int, _Lane] = {}
     for lane in lanes:
         if not lane.levels:
