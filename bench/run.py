@@ -66,10 +66,10 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, RegistryConfig
 from genrm_grpc.config import load_settings
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.server.app import CohortServer
 from genrm_grpc.store.base import CohortStore
 from genrm_grpc.store.memory import MemoryStore
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 
 RESULTS_PATH = pathlib.Path(__file__).resolve().parent / "results" / "latest.json"
 SECTIONS = (*MP_SECTIONS, "core", "pinned", "schedule", "storm", "eager", "memory")

@@ -25,9 +25,9 @@ from genrm.cohort.v1 import cohort_pb2 as pb
 from bench.util import median, percentile, ratio
 from genrm_grpc.config import Settings, load_settings
 from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.server.app import CohortServer
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 
 SERVICE = "genrm.cohort.v1.CohortService"
 #: Nothing listens here: the instant judge replaces the HTTP judge client.

@@ -213,7 +213,7 @@ def _collect(argv: list[str]) -> int:
 
 
 def _fake_judge(argv: list[str]) -> int:
-    from genrm_grpc.judge.fake import main as fake_main
+    from genrm_grpc.testing.cli import main as fake_main
 
     return fake_main(argv)
 

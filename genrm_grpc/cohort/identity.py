@@ -193,7 +193,3 @@ def _check(
         prompt_digest=digest,
         candidate=spec,
     )
-
-
-def finite(values: list[float]) -> bool:
-    return all(math.isfinite(v) for v in values)

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 
 from genrm_grpc.config import load_settings
-from genrm_grpc.judge.fake import FakeJudgeServer
 from genrm_grpc.scoring.extract import extract_texts
 from genrm_grpc.server.app import CohortServer
+from genrm_grpc.testing import FakeJudgeServer
 
 
 @asynccontextmanager

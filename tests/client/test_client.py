@@ -22,7 +22,7 @@ from genrm_cohort_client import (
     uuid7,
 )
 
-from genrm_grpc.judge.fake import FakeJudgeServer
+from genrm_grpc.testing import FakeJudgeServer
 from tests.client.support import cohort_server
 
 PROMPT = "Explain unit testing briefly."

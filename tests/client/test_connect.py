@@ -15,7 +15,7 @@ from genrm_cohort_client import (
     SyncCohortClient,
 )
 
-from genrm_grpc.judge.fake import FakeJudgeServer
+from genrm_grpc.testing import FakeJudgeServer
 from tests.client.support import cohort_server
 from tests.client.test_client import ANSWERS, PROMPT, RetryLog
 

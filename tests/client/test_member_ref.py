@@ -8,7 +8,7 @@ import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient, SyncCohortClient, make_member_ref
 
-from genrm_grpc.judge.fake import FakeJudgeServer
+from genrm_grpc.testing import FakeJudgeServer
 from tests.client.support import cohort_server
 
 

@@ -6,7 +6,7 @@ import asyncio
 import pathlib
 import sys
 
-from genrm_grpc.judge.fake import FakeJudgeServer
+from genrm_grpc.testing import FakeJudgeServer
 from tests.client.support import cohort_server
 
 README = pathlib.Path(__file__).resolve().parents[2] / "clients" / "python" / "README.md"

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any
 
 from genrm_grpc.collect import main_async
 from genrm_grpc.collect.rows import form_groups, parse_lines
-from genrm_grpc.judge.fake import FakeJudgeServer, pair_key
+from genrm_grpc.testing import FakeJudgeServer, pair_key
 from tests.client.support import cohort_server, gym_rows, judged_text, prewarm_pairs
 
 GOOD_A = ["Seven is a prime number.", "Four.", "Two is the only even prime number.", "Nine."]

@@ -23,9 +23,9 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from genrm_grpc.config import load_settings
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.scoring import AnswerTexts, JudgedPair, Verdict, aggregate
 from genrm_grpc.server.app import CohortServer
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 
 T = TypeVar("T")
 DOMAIN = "cohort.genrm.v1"

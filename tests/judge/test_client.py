@@ -28,8 +28,8 @@ from genrm_grpc.judge.client import (
     TokenUsage,
     parse_retry_after,
 )
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer, fake_verdict, pair_key
 from genrm_grpc.scoring.types import Verdict
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer, fake_verdict, pair_key
 
 PROMPT = "Name the largest planet in the solar system."
 ANSWER_A = "Jupiter is the largest planet in the solar system, more massive than all others."

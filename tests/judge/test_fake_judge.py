@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,16 +16,17 @@ from typing import Any
 
 import pytest
 
-from genrm_grpc.judge.fake import (
+from genrm_grpc.scoring.verdict import parse_verdict
+from genrm_grpc.testing import (
     FakeJudgeConfig,
     FakeJudgeServer,
     fake_score,
     fake_verdict,
-    main,
     pair_key,
     parse_latency_spec,
 )
-from genrm_grpc.scoring.verdict import parse_verdict
+from genrm_grpc.testing.cli import main
+from genrm_grpc.testing.faults import ADVERSARIAL_KINDS, adversarial_text
 
 PROMPT = "What is the capital of France?"
 GOOD = "The capital of France is Paris, a city on the Seine."
@@ -347,7 +349,7 @@ def test_main_rejects_invalid_flags_with_usage_error() -> None:
 
 
 def test_cli_prints_its_url_answers_and_exits_zero_on_sigterm() -> None:
-    code = "from genrm_grpc.judge.fake import main; main(['--port', '0', '--seed', '3'])"
+    code = "from genrm_grpc.testing.cli import main; main(['--port', '0', '--seed', '3'])"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(
         [sys.executable, "-c", code],
@@ -379,3 +381,74 @@ def test_cli_prints_its_url_answers_and_exits_zero_on_sigterm() -> None:
             if process.poll() is None:
                 process.kill()
                 process.communicate()
+
+
+@pytest.mark.parametrize("kind", ADVERSARIAL_KINDS)
+def test_adversarial_answers_are_completed_answers_of_the_chosen_kind_without_a_verdict(
+    kind: str,
+) -> None:
+    config = FakeJudgeConfig(adversarial_first_n=1, adversarial_kind=kind, adversarial_chars=4096)
+    with FakeJudgeServer(config) as fake:
+        status, _, raw = _post(fake, "/v1/responses", _responses_body(GOOD, SHORT))
+        chat_status, _, chat_raw = _post(fake, "/v1/chat/completions", _chat_body(SHORT, GOOD))
+        stats = fake.stats()
+
+    assert status == chat_status == 200
+    answer = json.loads(raw)
+    assert answer["status"] == "completed"
+    text = _output_text(answer)
+    chat_text = json.loads(chat_raw)["choices"][0]["message"]["content"]
+    assert text == chat_text == adversarial_text(kind, 4096)
+    assert len(text) == 4096
+    assert parse_verdict(text) is None
+    assert stats["by_outcome"] == {"adversarial": 2}
+
+
+def test_adversarial_kinds_cycle_by_request_number_by_default() -> None:
+    with FakeJudgeServer(FakeJudgeConfig(adversarial_rate=1.0, adversarial_chars=64)) as fake:
+        texts = [
+            _output_text(json.loads(_post(fake, "/v1/responses", _responses_body(GOOD, str(i)))[2]))
+            for i in range(5)
+        ]
+
+    assert texts[0] == "```json" + " " * 57
+    assert texts[1] == "{" * 64
+    assert texts[2] == '{"' * 32
+    assert texts[3] == ('{"\\"{' * 13)[:64]
+    assert texts[4] == texts[0]
+
+
+def test_adversarial_settings_change_at_runtime_and_bad_ones_are_refused(
+    server: FakeJudgeServer,
+) -> None:
+    status, _, raw = _post(
+        server,
+        "/faults",
+        {"adversarial-first-n": 1, "adversarial_kind": "open_braces", "adversarial_chars": 100},
+    )
+    assert status == 200
+    assert json.loads(raw)["adversarial_kind"] == "open_braces"
+    _, _, answer = _post(server, "/v1/responses", _responses_body(GOOD, SHORT))
+    assert _output_text(json.loads(answer)) == "{" * 100
+
+    for bad in ({"adversarial_kind": "evil"}, {"adversarial_chars": 3}):
+        status, _, _ = _post(server, "/faults", bad)
+        assert status == 400
+    with pytest.raises(SystemExit) as excinfo:
+        main(["--adversarial-kind", "evil"])
+    assert excinfo.value.code == 2
+
+
+def test_adding_the_adversarial_fault_kept_the_fault_sequence_of_every_seed() -> None:
+    # The ten original fault kinds still take one draw each, in order, from
+    # random.Random(seed); the adversarial draw comes from a stream of its own.
+    rng = random.Random(11)
+    expected = []
+    for _ in range(24):
+        draws = [rng.random() for _ in range(10)]
+        expected.append(503 if draws[4] < 0.5 else 200)
+    config = FakeJudgeConfig(seed=11, fail_503_rate=0.5, adversarial_rate=0.0)
+    with FakeJudgeServer(config) as fake:
+        served = [_post(fake, "/v1/responses", _responses_body(GOOD, str(i)))[0] for i in range(24)]
+
+    assert served == expected

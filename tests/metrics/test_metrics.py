@@ -14,8 +14,8 @@ from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from genrm_grpc.config import load_settings
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.server.app import CohortServer
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])
 ANSWERS = ["Seven is prime.", "Four.", "Two is the only even prime.", ""]

@@ -15,9 +15,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from genrm_grpc.config import TracingSettings, load_settings
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.observability.tracing import build_provider
 from genrm_grpc.server.app import CohortServer
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])
 SUBMIT = "genrm.cohort.v1.CohortService/SubmitMember"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from genrm_grpc.runtime.clock import ManualClock
+from genrm_grpc.testing import ManualClock
 
 from .support import ScriptedJudge
 

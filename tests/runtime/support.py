@@ -17,10 +17,10 @@ from genrm_grpc.cohort.identity import CandidateInput, ComparisonMode, resolve
 from genrm_grpc.cohort.model import Cohort, MemberCoords, PromptSpec, Submission
 from genrm_grpc.cohort.registry import CohortRegistry, RegistryConfig
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
-from genrm_grpc.runtime.clock import ManualClock
 from genrm_grpc.runtime.engine import CohortRuntime, JudgeSchedule, RuntimeConfig
 from genrm_grpc.scoring.types import ScoringParams, Verdict
 from genrm_grpc.store.memory import MemoryStore
+from genrm_grpc.testing import ManualClock
 
 PROMPT = PromptSpec(messages=(("user", "Name the largest planet."),), principle="Be accurate.")
 COLLECTION_S = 100.0

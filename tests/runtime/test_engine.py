@@ -28,7 +28,6 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.registry import Disposition
 from genrm_grpc.judge.client import JudgeFailedError
-from genrm_grpc.runtime.clock import ManualClock
 from genrm_grpc.runtime.engine import CohortRuntime, PairProgress, Ticket
 from genrm_grpc.scoring import aggregate, judge_passes
 from genrm_grpc.scoring.types import (
@@ -39,6 +38,7 @@ from genrm_grpc.scoring.types import (
     ScoringParams,
     Verdict,
 )
+from genrm_grpc.testing import ManualClock
 
 from .support import (
     COLLECTION_S,

@@ -14,8 +14,8 @@ from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from genrm_grpc.config import load_settings
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.server.app import CohortServer
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 
 from .certs import CertificateAuthority, Pem
 

@@ -10,8 +10,8 @@ import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 
 from genrm_grpc.config import ConfigError, load_settings
-from genrm_grpc.judge.fake import FakeJudgeServer
 from genrm_grpc.server.app import server_options
+from genrm_grpc.testing import FakeJudgeServer
 
 from .conftest import CANDIDATES, PROMPT, StartServer, details, rpc_code, stub
 

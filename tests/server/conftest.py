@@ -13,8 +13,8 @@ from genrm_cohort_client import CohortClient, CohortError, ErrorDetails, error_i
 from genrm_cohort_client.options import RetryPolicy
 
 from genrm_grpc.config import load_settings
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.server.app import CohortServer
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Explain unit testing briefly.")])
 

@@ -10,7 +10,7 @@ import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient, status_error_info
 
-from genrm_grpc.judge.fake import FakeJudgeServer
+from genrm_grpc.testing import FakeJudgeServer
 
 from .conftest import CALL_ERRORS, PROMPT, StartServer, SubmitProbe, call_error, candidate, member
 

@@ -9,9 +9,9 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from genrm_grpc.judge.fake import FakeJudgeServer
 from genrm_grpc.scoring import aggregate
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringParams, Verdict
+from genrm_grpc.testing import FakeJudgeServer
 
 from .conftest import ANSWERS, CALL_ERRORS, PROMPT, StartServer, call_error
 
@@ -183,7 +183,7 @@ async def test_compare_lists_verdicts_in_aggregation_order(start_server: StartSe
 async def test_fixed_baseline_judges_members_against_the_baseline_on_alternating_sides(
     start_server: StartServer, fake_judge: FakeJudgeServer
 ) -> None:
-    from genrm_grpc.judge.fake import fake_verdict, pair_key
+    from genrm_grpc.testing import fake_verdict, pair_key
 
     baseline = "Unit testing means testing small units of code."
     prompt = pb.Prompt(messages=PROMPT.messages, baseline_response=baseline)

@@ -21,7 +21,7 @@ from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 
 pytestmark = pytest.mark.e2e
 

@@ -41,9 +41,9 @@ from grpc_status import rpc_status
 
 from genrm_grpc.cohort import model as cohort_model
 from genrm_grpc.config import load_settings
-from genrm_grpc.judge.fake import fake_verdict, pair_key
 from genrm_grpc.scoring import AnswerTexts, JudgedPair, Verdict, aggregate, extract_texts
 from genrm_grpc.server.app import CohortServer
+from genrm_grpc.testing import fake_verdict, pair_key
 
 from .judge import JudgeProcess
 

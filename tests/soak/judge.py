@@ -17,7 +17,7 @@ import httpx
 
 
 class JudgeProcess:
-    """``python -m genrm_grpc.judge.fake`` on a free loopback port."""
+    """``python -m genrm_grpc.testing.cli`` on a free loopback port."""
 
     def __init__(self, *, seed: int = 0, retry_after_s: float = 0.0) -> None:
         self._seed = seed
@@ -30,7 +30,7 @@ class JudgeProcess:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "genrm_grpc.judge.fake",
+            "genrm_grpc.testing.cli",
             "--port",
             "0",
             "--seed",

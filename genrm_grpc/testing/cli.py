@@ -1,0 +1,126 @@
+"""``genrm-grpc fake-judge``: the fake judge (a test double) as a process of its own.
+
+Also runnable as ``python -m genrm_grpc.testing.cli``. It prints
+``fake-judge listening on URL`` once it serves, then runs until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from genrm_grpc.testing.faults import (
+    ADVERSARIAL_KINDS,
+    FAULT_HELP,
+    FAULT_KINDS,
+    FakeJudgeConfig,
+)
+from genrm_grpc.testing.server import FakeJudgeServer
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="genrm-grpc fake-judge",
+        description=(
+            "Serve a fake GenRM judge: a deterministic TEST DOUBLE that speaks the "
+            "OpenAI-compatible /v1/responses and /v1/chat/completions APIs. It is not a "
+            "model: verdicts come from word overlap with the last user turn and answer "
+            "length. Faults can be injected to exercise retries and failure handling."
+        ),
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free port")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the fault/latency stream")
+    parser.add_argument("--model", default=None, help="if set, other model names get HTTP 404")
+    parser.add_argument(
+        "--latency-ms",
+        default="0",
+        help="latency per request: N, uniform:LO:HI or lognormal:MEDIAN:SIGMA (ms)",
+    )
+    parser.add_argument(
+        "--retry-after-s",
+        type=float,
+        default=1.0,
+        help="Retry-After seconds sent with injected 429s (negative: omit the header)",
+    )
+    for kind in FAULT_KINDS:
+        flag = kind.replace("_", "-")
+        parser.add_argument(
+            f"--{flag}-rate", type=float, default=0.0, help=f"probability to {FAULT_HELP[kind]}"
+        )
+        parser.add_argument(
+            f"--{flag}-first-n",
+            type=int,
+            default=0,
+            help=f"{FAULT_HELP[kind]} for the first N requests of each answer pair",
+        )
+    parser.add_argument(
+        "--adversarial-kind",
+        default="cycle",
+        choices=["cycle", *ADVERSARIAL_KINDS],
+        help="shape of adversarial answers; cycle takes them in turn (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--adversarial-chars",
+        type=int,
+        default=65536,
+        help="length of adversarial answers in characters (default: %(default)s)",
+    )
+    return parser
+
+
+def _config_from_args(args: argparse.Namespace) -> FakeJudgeConfig:
+    faults: dict[str, Any] = {}
+    for kind in FAULT_KINDS:
+        faults[f"{kind}_rate"] = getattr(args, f"{kind}_rate")
+        faults[f"{kind}_first_n"] = getattr(args, f"{kind}_first_n")
+    return FakeJudgeConfig(
+        host=args.host,
+        port=args.port,
+        seed=args.seed,
+        model=args.model,
+        latency_ms=args.latency_ms,
+        retry_after_s=None if args.retry_after_s < 0 else args.retry_after_s,
+        adversarial_kind=args.adversarial_kind,
+        adversarial_chars=args.adversarial_chars,
+        **faults,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the fake judge until SIGTERM or SIGINT; prints its URL on one line first."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = _config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop_requested.set()
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous: dict[signal.Signals, Any] = {}
+    if in_main_thread:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, on_signal)
+    server = FakeJudgeServer(config).start()
+    try:
+        print(f"fake-judge listening on {server.url}", flush=True)
+        stop_requested.wait()
+    finally:
+        server.stop()
+        for restored, handler in previous.items():
+            signal.signal(restored, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
