@@ -15,7 +15,7 @@ from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
 
 
 class Reason(enum.StrEnum):
-    """ErrorInfo reasons of PROTOCOL.md (the wire names)."""
+    """ErrorInfo reasons of docs/protocol.md (the wire names)."""
 
     INVALID_MEMBER = "INVALID_MEMBER"
     SLOT_CONFLICT = "SLOT_CONFLICT"
@@ -139,6 +139,9 @@ class Failed:
 Outcome = Completed | Masked | Failed
 
 MAX_FAILURE_REASON = 2000
+#: Every value echoed back in ErrorInfo metadata is at most this many UTF-8 bytes, so
+#: an error trailer always fits a client's metadata limit (8 KiB by default).
+MAX_METADATA_VALUE_BYTES = 512
 
 LEGACY_RETRY_ADVICE = (
     "This cohort has no group_id (legacy key by task_index/prompt_id + prompt digest). "
@@ -147,8 +150,25 @@ LEGACY_RETRY_ADVICE = (
 )
 
 
+def clip(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` UTF-8 bytes, ending in "…" when it was cut.
+
+    The one clipper for everything echoed to a client (failure reasons, status messages,
+    ErrorInfo metadata): bytes, not characters, because trailers are limited in bytes.
+    """
+    if len(text) * 4 <= max_bytes:  # fast path: even all 4-byte characters would fit
+        return text
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= max_bytes:
+        return text
+    ellipsis = "…".encode()
+    cut = raw[: max(0, max_bytes - len(ellipsis))].decode("utf-8", "ignore")
+    return cut + "…" if max_bytes >= len(ellipsis) else ""
+
+
 def clip_reason(text: str) -> str:
-    return text if len(text) <= MAX_FAILURE_REASON else text[: MAX_FAILURE_REASON - 1] + "…"
+    """A failure reason as recorded and published (≤ ``MAX_FAILURE_REASON`` bytes)."""
+    return clip(text, MAX_FAILURE_REASON)
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +365,11 @@ class Tombstone:
     def outcome(self) -> Outcome:
         kept = self._outcome
         return kept.unpack() if isinstance(kept, _PackedCompleted) else kept
+
+    @property
+    def masked(self) -> bool:
+        """True when the judge failed (without unpacking anything)."""
+        return isinstance(self._outcome, Masked)
 
     @property
     def failed(self) -> Failed | None:

@@ -128,7 +128,6 @@ class Ticket:
     """What a submission got: a waiter, a replayed tombstone, or a rejection."""
 
     disposition: Disposition
-    cohort_key: CohortKey
     waiter: Waiter | None = None
     replay: Tombstone | None = None
     rejection: Rejection | None = None
@@ -267,7 +266,7 @@ class CohortRuntime:
     def _execute(
         self, sub: Submission, decision: SubmitDecision, on_progress: ProgressCallback | None
     ) -> Ticket:
-        ticket = Ticket(decision.disposition, sub.key)
+        ticket = Ticket(decision.disposition)
         if decision.disposition is Disposition.REJECTED:
             ticket.rejection = decision.rejection
             return ticket

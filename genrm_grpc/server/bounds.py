@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from genrm.cohort.v1 import cohort_pb2 as pb
 
-from genrm_grpc.cohort.identity import MAX_ID_LENGTH
+from genrm_grpc.cohort.identity import coords_metadata
 from genrm_grpc.cohort.model import Reason, Rejection
+from genrm_grpc.server.convert import coords_from_proto
 
 #: Roles are short words (user, assistant, system, ...); no configuration needed.
 MAX_ROLE_CHARS = 64
@@ -39,10 +40,7 @@ class FieldBounds:
         if bad is None:
             return None
         # Name the member in ErrorInfo like every other refusal of a member does.
-        meta = {"rolloutIndex": str(ref.rollout_index)}
-        if ref.HasField("group_id"):
-            meta["groupId"] = ref.group_id[:MAX_ID_LENGTH]
-            meta["groupAttempt"] = str(ref.group_attempt)
+        meta = coords_metadata(coords_from_proto(ref))
         return Rejection(bad.reason, bad.message, meta, bad.field_violations)
 
     def compare(self, request: pb.CompareRequest) -> Rejection | None:

@@ -13,6 +13,8 @@ from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from genrm_grpc.cohort.identity import (
     ComparisonMode,
     candidate_spec,
+    check_ids,
+    coords_metadata,
     prompt_digest,
     resolve,
     resolve_key,
@@ -26,7 +28,7 @@ from genrm_grpc.cohort.model import (
     Rejection,
     Submission,
 )
-from genrm_grpc.cohort.registry import failure_rejection, member_metadata
+from genrm_grpc.cohort.registry import failure_rejection
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.observability.hooks import (
     NullServiceObserver,
@@ -72,7 +74,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
                 Reason.CAPACITY_EXHAUSTED,
                 f"member message of {request.ByteSize()} bytes exceeds max_message_bytes="
                 f"{self._max_bytes}",
-                {"rolloutIndex": str(request.member.rollout_index)},
+                coords_metadata(convert.coords_from_proto(request.member)),
             )
         if self._bounds is not None:
             out_of_bounds = self._bounds.submission(request)
@@ -96,7 +98,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self, sub: Submission, ticket: Ticket, outcome: object
     ) -> pb.MemberResult | Rejection:
         if isinstance(outcome, Failed):
-            return failure_rejection(sub.key, outcome, member_metadata(sub))
+            return failure_rejection(sub.key, outcome, coords_metadata(sub.coords))
         result = convert.member_result(sub.coords, outcome, replayed=False)  # type: ignore[arg-type]
         if result.mask_sample:
             self._observer.masked_result()
@@ -107,7 +109,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         assert tomb is not None
         failed = tomb.failed
         if failed is not None:
-            return failure_rejection(sub.key, failed, member_metadata(sub))
+            return failure_rejection(sub.key, failed, coords_metadata(sub.coords))
         outcome = tomb.outcome  # unpacked once, here
         assert not isinstance(outcome, Failed)
         result = convert.member_result(sub.coords, outcome, replayed=True)
@@ -220,6 +222,9 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self, request: pb.GetCohortRequest, context: Context
     ) -> pb.GetCohortResponse:
         coords = convert.coords_from_proto(request.member)
+        bad_ids = check_ids(coords)
+        if bad_ids is not None:
+            await abort(context, bad_ids)
         registry = self._runtime.registry
         now = self._runtime.now()
         latest = None
@@ -234,9 +239,9 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         cohort = registry.active(key)
         found = cohort if cohort is not None else registry.store.tombstone(key, now)
         if found is None:
-            meta = (
-                {"groupId": key.group_id, "groupAttempt": str(key.attempt)} if key.group_id else {}
-            )
+            meta = {}
+            if key.group_id is not None:
+                meta = coords_metadata(None, groupId=key.group_id, groupAttempt=str(key.attempt))
             await abort(
                 context,
                 Rejection(Reason.COHORT_NOT_FOUND, f"no cohort {key} on this server", meta),

@@ -21,7 +21,6 @@ class MemoryStore:
         self._max = max_records
         self._tombstones: OrderedDict[CohortKey, tuple[float, Tombstone]] = OrderedDict()
         self._watermarks: OrderedDict[str, tuple[float, int]] = OrderedDict()
-        self._members: dict[CohortKey, dict[int, str]] = {}
 
     def watermark(self, group_id: str, now: float) -> int | None:
         entry = self._watermarks.get(group_id)
@@ -43,15 +42,6 @@ class MemoryStore:
     def put_tombstone(self, tombstone: Tombstone, now: float) -> None:
         self._tombstones.pop(tombstone.key, None)
         self._tombstones[tombstone.key] = (now + self._ttl, tombstone)
-
-    def record_member(self, key: CohortKey, rollout_index: int, digest: str) -> None:
-        self._members.setdefault(key, {})[rollout_index] = digest
-
-    def member_digests(self, key: CohortKey) -> Mapping[int, str]:
-        return self._members.get(key, {})
-
-    def forget_members(self, key: CohortKey) -> None:
-        self._members.pop(key, None)
 
     def evict(self, now: float, pinned: Callable[[str], bool]) -> int:
         examined = 0
@@ -84,5 +74,4 @@ class MemoryStore:
         return {
             "tombstones": len(self._tombstones),
             "watermarks": len(self._watermarks),
-            "active_member_sets": len(self._members),
         }

@@ -89,7 +89,7 @@ def stream_error(status: status_pb2.Status) -> TypedError:
 
 
 def assert_typed(err: TypedError) -> None:
-    """A refusal of PROTOCOL.md: a known code, exactly one ErrorInfo of our domain."""
+    """A refusal of docs/protocol.md: a known code, exactly one ErrorInfo of our domain."""
     assert err.code in REASONS, f"untyped status {err.code}: {err.message[:300]}"
     assert err.error_infos == 1, f"{err.code} carries {err.error_infos} ErrorInfo"
     assert err.domain == DOMAIN, err

@@ -1,6 +1,6 @@
 """Hostile and malformed requests against a live server (hypothesis).
 
-Every answer must be typed (PROTOCOL.md's codes with exactly one ErrorInfo), a result,
+Every answer must be typed (docs/protocol.md's codes with exactly one ErrorInfo), a result,
 or, for a valid member whose group never fills, our own client deadline; never UNKNOWN
 (an unhandled exception). While the fuzzing runs, a bystander cohort waits and other
 groups complete; afterwards both are checked against ``aggregate`` of their verdicts.
@@ -247,7 +247,7 @@ async def send_bytes(live: LiveServer, method: str, raw: bytes, message: type) -
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and decodable:
             return  # a valid member waiting for its group
         if not decodable:
-            # Not a message at all: a malformed message is INVALID_ARGUMENT (PROTOCOL.md);
+            # Not a message at all: a malformed message is INVALID_ARGUMENT (docs/protocol.md);
             # gRPC's own INTERNAL for undecodable bytes is tolerated. Never UNKNOWN.
             assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL), (
                 f"{method}: undecodable bytes answered {code}: {exc.details()}"

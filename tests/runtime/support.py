@@ -209,4 +209,3 @@ async def assert_no_leaks(
     if judge is not None:
         assert judge.in_flight == 0
         assert not judge.blocked()
-    assert runtime.registry.store.counts()["active_member_sets"] == 0
