@@ -212,6 +212,12 @@ class Settings(BaseSettings):
     max_message_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     shutdown_grace_s: Seconds = 30.0
     store: Literal["memory"] = "memory"
+    #: Longest a SubmitMember/Compare call without a client deadline waits.
+    max_call_wait_s: Seconds = 3600.0
+    #: Connection lifetime (gRPC channel args); None = unlimited.
+    max_connection_age_s: Seconds | None = None
+    max_connection_age_grace_s: Seconds | None = None
+    max_connection_idle_s: Seconds | None = None
 
     # --- operations and security
     #: Prometheus endpoint ``HOST:PORT`` (its own port); None = no metrics endpoint.

@@ -27,6 +27,8 @@ class Reason(enum.StrEnum):
     SHUTTING_DOWN = "SHUTTING_DOWN"
     JUDGE_FAILED = "JUDGE_FAILED"
     COHORT_NOT_FOUND = "COHORT_NOT_FOUND"  # GetCohort only
+    #: A call without a client deadline waited max_call_wait_s (its member stays).
+    CALL_WAIT_EXPIRED = "CALL_WAIT_EXPIRED"
 
 
 class Phase(enum.Enum):

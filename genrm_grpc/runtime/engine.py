@@ -169,6 +169,7 @@ class CohortRuntime:
         self._evaluating = 0
         self._no_evaluations = asyncio.Event()
         self._no_evaluations.set()
+        self._grace_over = asyncio.Event()
         self.judge_calls = 0
 
     # ------------------------------------------------------------------ API
@@ -230,14 +231,28 @@ class CohortRuntime:
             self._evaluation_ended()
 
     async def shutdown(self, grace_s: float) -> None:
-        """Drain: refuse new cohorts, let evaluations finish within ``grace_s``, fail the rest."""
+        """Drain: refuse new cohorts, let evaluations finish within ``grace_s``, fail the rest.
+
+        :meth:`end_grace` (a second signal) ends the grace period at once.
+        """
         self.registry.start_draining()
-        if self._evaluating:
+        if self._evaluating and not self._grace_over.is_set():
+            waits = [
+                asyncio.ensure_future(self._no_evaluations.wait()),
+                asyncio.ensure_future(self._grace_over.wait()),
+            ]
             try:
-                async with asyncio.timeout(grace_s):
-                    await self._no_evaluations.wait()
-            except TimeoutError:
+                done, _ = await asyncio.wait(
+                    waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for wait in waits:
+                    wait.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+            if not done:
                 log.warning("shutdown grace of %gs expired with evaluations running", grace_s)
+            elif self._evaluating:
+                log.warning("shutdown grace cut short with evaluations running")
         for cohort in self.registry.fail_all("server is shutting down", self._clock.now()):
             self._publish(cohort)
         # What is still running belongs to no cohort (Compare's judge calls): cancel it,
@@ -245,6 +260,10 @@ class CohortRuntime:
         for task in list(self._owned):
             task.cancel()
         await self.drain_tasks()
+
+    def end_grace(self) -> None:
+        """End the shutdown grace period now: running evaluations fail like at its expiry."""
+        self._grace_over.set()
 
     async def drain_tasks(self) -> None:
         """Await every owned task that is finishing (after a cancel) or still running."""

@@ -26,6 +26,7 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     Reason.JUDGE_FAILED: grpc.StatusCode.UNAVAILABLE,
     Reason.COHORT_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.CALL_WAIT_EXPIRED: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 

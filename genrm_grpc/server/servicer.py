@@ -55,6 +55,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         default_group_size: int,
         mode: ComparisonMode,
         max_message_bytes: int,
+        max_call_wait_s: float = 3600.0,
         bounds: FieldBounds | None = None,
         observer: ServiceObserver | None = None,
         tracer: SubmitTracer | None = None,
@@ -63,6 +64,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self._group_size = default_group_size
         self._mode = mode
         self._max_bytes = max_message_bytes
+        self._max_wait_s = max_call_wait_s
         self._bounds = bounds
         self._observer: ServiceObserver = observer or NullServiceObserver()
         self._tracer: SubmitTracer = tracer or NullSubmitTracer()
@@ -130,6 +132,18 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             self._observer.member_result(ticket.disposition.value)
         return ticket
 
+    def _wait_cap(self, context: Context) -> float | None:
+        """How long a call may wait: unbounded with a client deadline, else max_call_wait_s."""
+        return None if context.time_remaining() is not None else self._max_wait_s
+
+    def _wait_expired(self, meta: dict[str, str]) -> Rejection:
+        return Rejection(
+            Reason.CALL_WAIT_EXPIRED,
+            f"the call waited max_call_wait_s={self._max_wait_s:g} without a client deadline; "
+            "a submitted member stays in its cohort: resend it (with a deadline) to reattach",
+            meta,
+        )
+
     # ------------------------------------------------------------------ RPCs
     async def SubmitMember(
         self, request: pb.SubmitMemberRequest, context: Context
@@ -145,7 +159,11 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         else:
             assert ticket.waiter is not None
             # A cancelled or expired call ends here; Waiter.wait removes only this waiter.
-            outcome = await ticket.waiter.wait()
+            try:
+                async with asyncio.timeout(self._wait_cap(context)):
+                    outcome = await ticket.waiter.wait()
+            except TimeoutError:
+                await abort(context, self._wait_expired(coords_metadata(sub.coords)))
             answer = self._outcome_to_result(sub, ticket, outcome)
         if isinstance(answer, Rejection):
             await abort(context, answer)
@@ -164,7 +182,11 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             self._observer.compare_finished("rejected")
             await abort(context, refusal)
         try:
-            response = await self._compare(request, context)
+            async with asyncio.timeout(self._wait_cap(context)):
+                response = await self._compare(request, context)
+        except TimeoutError:
+            self._observer.compare_finished("rejected")
+            await abort(context, self._wait_expired({}))
         except JudgeFailedError as exc:
             self._observer.compare_finished("judge_failed")
             await abort(context, Rejection(Reason.JUDGE_FAILED, f"judge failed: {exc.reason}"))
