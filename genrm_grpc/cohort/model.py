@@ -226,6 +226,19 @@ def comparisons_of(member: int, judged: tuple[JudgedPair, ...]) -> tuple[JudgedP
     return tuple(p for p in judged if member in (p.response_i, p.response_j))
 
 
+def comparisons_by_member(n: int, judged: tuple[JudgedPair, ...]) -> list[tuple[JudgedPair, ...]]:
+    """``comparisons_of`` for every member of ``range(n)`` in one pass, O(len(judged)).
+
+    (Calling ``comparisons_of`` per member is O(n × verdicts): seconds for a large group.)
+    """
+    found: list[list[JudgedPair]] = [[] for _ in range(n)]
+    for pair in judged:
+        for member in {pair.response_i, pair.response_j}:
+            if 0 <= member < n:
+                found[member].append(pair)
+    return [tuple(pairs) for pairs in found]
+
+
 class _PackedCompleted:
     """A Completed outcome packed into flat arrays: no per-member or per-verdict objects.
 
@@ -270,10 +283,8 @@ class _PackedCompleted:
         )
         # Each member's comparisons are normally its verdicts in judged order; only when
         # they are not (hand-built outcomes) are they stored explicitly.
-        derived = all(
-            r.comparisons == comparisons_of(k, outcome.judged)
-            for k, r in enumerate(outcome.rewards)
-        )
+        by_member = comparisons_by_member(len(outcome.rewards), outcome.judged)
+        derived = all(r.comparisons == by_member[k] for k, r in enumerate(outcome.rewards))
         self.offsets: array[int] | None = None if derived else array("I", [0])
         member_pairs: list[int] = []
         if self.offsets is not None:
@@ -297,10 +308,12 @@ class _PackedCompleted:
         ]
         values, offsets = self.member_values, self.offsets
         judged = tuple(pairs[n] for n in self.judged)
+        members = len(values) // 4
+        by_member = comparisons_by_member(members, judged) if offsets is None else []
 
         def comparisons(k: int) -> tuple[JudgedPair, ...]:
             if offsets is None:
-                return comparisons_of(k, judged)
+                return by_member[k]
             return tuple(pairs[n] for n in self.member_pairs[offsets[k] : offsets[k + 1]])
 
         rewards = tuple(
@@ -311,7 +324,7 @@ class _PackedCompleted:
                 values[4 * k + 3],
                 comparisons(k),
             )
-            for k in range(len(values) // 4)
+            for k in range(members)
         )
         return Completed(
             rewards=rewards,

@@ -35,14 +35,15 @@ from genrm_grpc.cohort.model import (
     Submission,
     Tombstone,
     clip_reason,
-    comparisons_of,
+    comparisons_by_member,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
 from genrm_grpc.observability.hooks import CohortOutcome, NullRuntimeObserver, RuntimeObserver
 from genrm_grpc.runtime.clock import Clock, LoopClock, TimerHandle
+from genrm_grpc.runtime.plan import Pass, PassPlan
 from genrm_grpc.runtime.scheduler import PrioritySemaphore
-from genrm_grpc.scoring import aggregate, judge_passes
+from genrm_grpc.scoring import aggregate
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringParams
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,17 @@ class RuntimeConfig:
     scoring: ScoringParams = field(default_factory=ScoringParams)
 
 
+def pass_plan(config: RuntimeConfig) -> PassPlan:
+    """The judge passes the configuration asks for (also used to bound them up front)."""
+    judges = config.scoring.num_judges_per_comparison
+    return PassPlan(
+        mode=config.comparison_mode,
+        strategy=config.scoring.comparison_strategy,
+        judges=judges,
+        debias=config.position_debias and judges >= 2,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PairProgress:
     key: CohortKey
@@ -78,13 +90,9 @@ class PairProgress:
 ProgressCallback = Callable[[PairProgress], None]
 
 
-@dataclass(frozen=True, slots=True)
-class _Job:
-    order: int
-    i: int
-    j: int
-    judge_index: int
-    swap: bool
+#: A complete cohort's passes are started in slices of this many, with a yield to the
+#: event loop in between, so that a large cohort never freezes the loop.
+START_SLICE = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +144,6 @@ class Ticket:
 @dataclass(slots=True, eq=False)
 class _Live:
     cohort: Cohort
-    jobs: tuple[_Job, ...]
     waiters: dict[int, set[Waiter]] = field(default_factory=dict)
     collection_timer: TimerHandle | None = None
     evaluation_timer: TimerHandle | None = None
@@ -163,6 +170,7 @@ class CohortRuntime:
         self._judge = judge
         self._clock: Clock = clock or LoopClock()
         self._sem = PrioritySemaphore(config.judge_max_concurrency)
+        self._plan = pass_plan(config)
         self._live: dict[CohortKey, _Live] = {}
         self._owned: set[asyncio.Task[Any]] = set()
         self._ready_seq = 0
@@ -210,12 +218,12 @@ class CohortRuntime:
             phase=Phase.EVALUATING,
         )
         cohort.snapshot = tuple(cohort.members[k] for k in range(n))
-        live = _Live(cohort=cohort, jobs=self._plan(cohort), priority=self._ready_seq)
+        live = _Live(cohort=cohort, priority=self._ready_seq)
         # Counted as an evaluation so that shutdown grants it the same grace.
         self._evaluating += 1
         self._no_evaluations.clear()
         try:
-            tasks = [self._start_pair(live, job) for job in live.jobs]
+            tasks = [self._start_pair(live, job) for job in self._plan.all_passes(n)]
             try:
                 results = await _all_or_first_error(tasks)
             except asyncio.CancelledError:
@@ -296,7 +304,7 @@ class CohortRuntime:
         assert cohort is not None
         live = self._live.get(cohort.key)
         if live is None:
-            live = _Live(cohort=cohort, jobs=self._plan(cohort))
+            live = _Live(cohort=cohort)
             self._live[cohort.key] = live
             live.collection_timer = self._clock.call_at(
                 cohort.collection_deadline, lambda: self._on_collection_deadline(live)
@@ -311,23 +319,6 @@ class CohortRuntime:
             elif self.config.judge_schedule == "eager":
                 self._start_ready_pairs(live, sub.rollout_index)
         return ticket
-
-    def _plan(self, cohort: Cohort) -> tuple[_Job, ...]:
-        n = cohort.group_size
-        params = self.config.scoring
-        judges = params.num_judges_per_comparison
-        if self.config.comparison_mode == "fixed_baseline":
-            # The member sits on alternate sides so the judge's position bias cancels;
-            # verdicts are mapped back to the member's side. The baseline is index n.
-            return tuple(
-                _Job(order, m, n, k, swap=(m + k) % 2 == 1)
-                for order, (k, m) in enumerate((k, m) for k in range(judges) for m in range(n))
-            )
-        debias = self.config.position_debias and judges >= 2
-        return tuple(
-            _Job(order, i, j, k, swap=debias and k % 2 == 1)
-            for order, (i, j, k) in enumerate(judge_passes(n, params.comparison_strategy, judges))
-        )
 
     def _start_evaluation(self, live: _Live) -> None:
         cohort = live.cohort
@@ -354,15 +345,13 @@ class CohortRuntime:
             self._no_evaluations.set()
 
     def _start_ready_pairs(self, live: _Live, arrived: int) -> None:
-        members = live.cohort.members
-        baseline = self.config.comparison_mode == "fixed_baseline"
-        for job in live.jobs:
-            if arrived not in (job.i, job.j) or job.order in live.pair_tasks:
-                continue
-            if job.i in members and (baseline or job.j in members):
+        """Eager: start the passes of the member that arrived whose partners are present."""
+        cohort = live.cohort
+        for job in self._plan.passes_with(cohort.group_size, arrived, cohort.members.keys()):
+            if job.order not in live.pair_tasks:
                 self._start_pair(live, job)
 
-    def _start_pair(self, live: _Live, job: _Job) -> asyncio.Task[_PairResult]:
+    def _start_pair(self, live: _Live, job: Pass) -> asyncio.Task[_PairResult]:
         task = live.pair_tasks.get(job.order)
         if task is None:
             if live.priority is None:
@@ -385,7 +374,7 @@ class CohortRuntime:
         task.add_done_callback(_retrieve_exception)
         return task
 
-    def _judge_input(self, cohort: Cohort, job: _Job) -> JudgeInput:
+    def _judge_input(self, cohort: Cohort, job: Pass) -> JudgeInput:
         snapshot = cohort.members
         prompt = cohort.prompt
         first = snapshot[job.i].candidate.texts.judge_text()
@@ -399,7 +388,7 @@ class CohortRuntime:
             principle = prompt.principle or self.config.default_principle or None
         return JudgeInput(prompt.messages, first, second, principle)
 
-    async def _judge_pair(self, live: _Live, job: _Job, inp: JudgeInput) -> _PairResult:
+    async def _judge_pair(self, live: _Live, job: Pass, inp: JudgeInput) -> _PairResult:
         cohort = live.cohort
         assert live.priority is not None
         async with self._sem.slot((live.priority, job.order)):
@@ -438,7 +427,11 @@ class CohortRuntime:
     async def _evaluate(self, live: _Live) -> None:
         cohort = live.cohort
         try:
-            tasks = [self._start_pair(live, job) for job in live.jobs]
+            tasks = []
+            for job in self._plan.all_passes(cohort.group_size):
+                tasks.append(self._start_pair(live, job))
+                if len(tasks) % START_SLICE == 0:
+                    await asyncio.sleep(0)  # a large cohort: let other work run
             try:
                 results = await _all_or_first_error(tasks)
             except JudgeFailedError as exc:
@@ -470,13 +463,14 @@ class CohortRuntime:
             raise ValueError(f"aggregated rewards are not finite or not one per member: {values!r}")
         metrics = dict(scores.metrics)
         metrics.update(_usage_metrics([r.usage for r in results]))
+        by_member = comparisons_by_member(len(scores.members), judged)
         rewards = tuple(
             MemberReward(
                 reward=s.reward,
                 score_raw=s.score_raw,
                 overall_score=s.overall_score,
                 length_adjustment=s.length_adjustment,
-                comparisons=comparisons_of(k, judged),
+                comparisons=by_member[k],
             )
             for k, s in enumerate(scores.members)
         )

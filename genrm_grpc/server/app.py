@@ -166,6 +166,8 @@ class CohortServer:
                     max_prompt_messages=settings.max_prompt_messages,
                     max_text_chars=settings.max_text_chars,
                     max_compare_candidates=settings.max_compare_candidates,
+                    max_judge_passes_per_cohort=settings.max_judge_passes_per_cohort,
+                    passes=settings.pass_plan(),
                 ),
                 observer=self.metrics,
                 tracer=self.tracing,

@@ -72,3 +72,17 @@ def test_digests_come_back_per_slot_and_empty_slots_stay_empty() -> None:
     assert tomb.failed == Failed("deadline") and tomb.outcome == Failed("deadline")
     masked = Tombstone(KEY, 1, "p", {}, Masked("judge down"), 0.0)
     assert masked.outcome == Masked("judge down") and masked.failed is None
+
+
+def test_comparisons_by_member_equals_comparisons_of_for_every_member() -> None:
+    from genrm_grpc.cohort.model import comparisons_by_member, comparisons_of
+    from genrm_grpc.scoring import judge_passes
+    from genrm_grpc.scoring.types import JudgedPair, Verdict
+
+    for n in range(1, 9):
+        for strategy in ("circular", "all_pairs"):
+            judged = tuple(
+                JudgedPair(i, j, k, Verdict(float(i), float(j), 3.5))
+                for i, j, k in judge_passes(n, strategy, 2)  # type: ignore[arg-type]
+            )
+            assert comparisons_by_member(n, judged) == [comparisons_of(k, judged) for k in range(n)]
