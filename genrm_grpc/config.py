@@ -216,6 +216,8 @@ class Settings(BaseSettings):
     #: Judge calls one cohort may need (pairs of its declared group_size × judges);
     #: a member declaring more is refused with INVALID_ARGUMENT before any work.
     max_judge_passes_per_cohort: Annotated[int, Field(ge=1)] = 16_384
+    #: Judge passes of running Compare calls (queued or judging); more → CAPACITY_EXHAUSTED.
+    max_queued_compare_passes: Annotated[int, Field(ge=1)] = 4096
     #: Longest a SubmitMember/Compare call without a client deadline waits.
     max_call_wait_s: Seconds = 3600.0
     #: Connection lifetime (gRPC channel args); None = unlimited.

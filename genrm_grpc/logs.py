@@ -1,13 +1,43 @@
-"""Structured logs: one JSON object per line (or plain text for humans)."""
+"""Structured logs: one JSON object per line (or plain text for humans).
+
+Either way one record is exactly one line: ids and reasons come from clients, and a
+group_id holding a newline or an ANSI escape must not forge a log line or recolour a
+terminal. JSON escapes control characters by itself; the text format escapes them
+(``\\n``, ``\\x1b``, ``\\u2028``) in the message, in the extra fields it appends as
+``key=value``, and in exception text.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
+
+# C0 and C1 controls, DEL, and the Unicode line/paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def escape(text: str) -> str:
+    """``text`` with every control character written as a visible escape."""
+    return _CONTROL.sub(_escape_one, text)
+
+
+def _extras(record: logging.LogRecord) -> dict[str, object]:
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
 
 
 class JsonFormatter(logging.Formatter):
@@ -19,20 +49,31 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value
+        entry.update(_extras(record))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """``time level logger: message key=value ...`` on one line, control characters escaped."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{self.formatTime(record)} {record.levelname} {record.name}: "
+        line += escape(record.getMessage())
+        for key, value in _extras(record).items():
+            line += f" {key}={escape(str(value))}"
+        if record.exc_info:
+            line += " exc=" + escape(self.formatException(record.exc_info))
+        return line
+
+
 def configure(level: str = "INFO", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -52,6 +52,10 @@ JudgeSchedule = Literal["after_collection", "eager"]
 _T = TypeVar("_T")
 
 
+class CompareCapacityError(Exception):
+    """A Compare would queue more judge passes than ``max_queued_compare_passes``."""
+
+
 class JudgeBackend(Protocol):
     async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome: ...
 
@@ -65,6 +69,9 @@ class RuntimeConfig:
     default_principle: str = ""
     #: Alternate judge passes swap the two answers (only with ≥ 2 judges per comparison).
     position_debias: bool = False
+    #: Passes of running Compare calls (queued or judging) above which a new one is
+    #: refused with CompareCapacityError.
+    max_queued_compare_passes: int = 4096
     scoring: ScoringParams = field(default_factory=ScoringParams)
 
 
@@ -150,6 +157,8 @@ class _Live:
     pair_tasks: dict[int, asyncio.Task[_PairResult]] = field(default_factory=dict)
     eval_task: asyncio.Task[None] | None = None
     priority: int | None = None
+    #: A Compare: its passes are spread over later ranks (fair against cohorts).
+    spread: bool = False
     #: Reason of the first JudgeFailedError: the cohort is masked, spend no more calls.
     judge_failure: str | None = None
 
@@ -174,6 +183,7 @@ class CohortRuntime:
         self._live: dict[CohortKey, _Live] = {}
         self._owned: set[asyncio.Task[Any]] = set()
         self._ready_seq = 0
+        self._compare_passes = 0  # passes of running comparisons (queued or judging)
         self._evaluating = 0
         self._no_evaluations = asyncio.Event()
         self._no_evaluations.set()
@@ -202,10 +212,27 @@ class CohortRuntime:
     async def compare(self, prompt: PromptSpec, candidates: Sequence[CandidateSpec]) -> Completed:
         """Judge a batch right away (no cohort, no replay); shares the judge bound.
 
-        Raises :class:`JudgeFailedError` when the judge fails.
+        Raises :class:`JudgeFailedError` when the judge fails, and
+        :class:`CompareCapacityError` when its passes would exceed
+        ``max_queued_compare_passes`` together with those of running comparisons (a
+        comparison alone is always admitted).
+
+        Fair order: pass *p* of a comparison queues for a judge permit as if it were a
+        cohort that became ready *p* places later, so cohorts that become ready while a
+        large comparison runs are interleaved with its passes (one cohort, then one
+        pass) instead of waiting for all of them; comparisons interleave likewise.
         """
-        self._ready_seq += 1
         n = len(candidates)
+        passes = self._plan.pass_count(n)
+        limit = self.config.max_queued_compare_passes
+        # One comparison alone is always admitted (max_compare_candidates bounds it).
+        if self._compare_passes and self._compare_passes + passes > limit:
+            raise CompareCapacityError(
+                f"this comparison needs {passes} judge passes and {self._compare_passes} are "
+                f"already queued or running; max_queued_compare_passes={limit}: retry later"
+            )
+        self._ready_seq += 1
+        self._compare_passes += passes
         cohort = Cohort(
             key=CohortKey(group_id=None, legacy_key="compare", attempt=self._ready_seq),
             seq=0,
@@ -218,7 +245,7 @@ class CohortRuntime:
             phase=Phase.EVALUATING,
         )
         cohort.snapshot = tuple(cohort.members[k] for k in range(n))
-        live = _Live(cohort=cohort, priority=self._ready_seq)
+        live = _Live(cohort=cohort, priority=self._ready_seq, spread=True)
         # Counted as an evaluation so that shutdown grants it the same grace.
         self._evaluating += 1
         self._no_evaluations.clear()
@@ -236,6 +263,7 @@ class CohortRuntime:
                 ) from None
             return self._score(cohort, results)
         finally:
+            self._compare_passes -= passes
             self._evaluation_ended()
 
     async def shutdown(self, grace_s: float) -> None:
@@ -287,6 +315,7 @@ class CohortRuntime:
             "judge_in_flight": self._sem.in_use,
             "judge_waiting": self._sem.waiting,
             "judge_calls": self.judge_calls,
+            "compare_passes": self._compare_passes,
         }
 
     # ------------------------------------------------------------------ decisions
@@ -391,7 +420,13 @@ class CohortRuntime:
     async def _judge_pair(self, live: _Live, job: Pass, inp: JudgeInput) -> _PairResult:
         cohort = live.cohort
         assert live.priority is not None
-        async with self._sem.slot((live.priority, job.order)):
+        # Cohort passes queue by (readiness, pass order); a comparison's pass p by
+        # readiness + p, after any cohort of that rank (see ``compare``).
+        if live.spread:
+            rank: tuple[int, ...] = (live.priority + job.order, 1, job.order)
+        else:
+            rank = (live.priority, 0, job.order)
+        async with self._sem.slot(rank):
             if live.judge_failure is not None:
                 # A sibling failed while this pair waited; the permit it freed must not
                 # start a judge call whose verdict would be discarded.

@@ -136,6 +136,7 @@ class CohortServer:
                 use_principle=settings.use_principle,
                 default_principle=settings.default_principle,
                 position_debias=settings.position_debias,
+                max_queued_compare_passes=settings.max_queued_compare_passes,
                 scoring=settings.scoring_params(),
             ),
             observer=runtime_observer,

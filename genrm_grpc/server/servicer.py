@@ -36,7 +36,13 @@ from genrm_grpc.observability.hooks import (
     ServiceObserver,
     SubmitTracer,
 )
-from genrm_grpc.runtime.engine import CohortRuntime, PairProgress, ProgressCallback, Ticket
+from genrm_grpc.runtime.engine import (
+    CohortRuntime,
+    CompareCapacityError,
+    PairProgress,
+    ProgressCallback,
+    Ticket,
+)
 from genrm_grpc.server import convert
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.errors import abort, status_proto
@@ -187,6 +193,9 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         except TimeoutError:
             self._observer.compare_finished("rejected")
             await abort(context, self._wait_expired({}))
+        except CompareCapacityError as exc:
+            self._observer.compare_finished("rejected")
+            await abort(context, Rejection(Reason.CAPACITY_EXHAUSTED, str(exc)))
         except JudgeFailedError as exc:
             self._observer.compare_finished("judge_failed")
             await abort(context, Rejection(Reason.JUDGE_FAILED, f"judge failed: {exc.reason}"))

@@ -40,8 +40,13 @@ class MemoryStore:
         return entry[1]
 
     def put_tombstone(self, tombstone: Tombstone, now: float) -> None:
-        self._tombstones.pop(tombstone.key, None)
-        self._tombstones[tombstone.key] = (now + self._ttl, tombstone)
+        tombs = self._tombstones
+        tombs.pop(tombstone.key, None)
+        tombs[tombstone.key] = (now + self._ttl, tombstone)
+        # The bound holds at insert, not only at the next sweep: cohorts that end by
+        # timer or shutdown, with no submission in between, must not pile up.
+        while len(tombs) > self._max:
+            tombs.popitem(last=False)
 
     def evict(self, now: float, pinned: Callable[[str], bool]) -> int:
         examined = 0

@@ -899,3 +899,16 @@ def test_a_masked_explicit_cohort_still_replays_and_a_newer_attempt_recovers() -
     assert conflict.disposition is Disposition.REJECTED  # slot conflict, as before
     newer = reg.submit(sub(0, attempt=1), T0 + 1)
     assert newer.disposition is Disposition.ACCEPTED
+
+
+def test_tombstones_never_exceed_max_terminal_cohorts_even_without_submissions() -> None:
+    """Cohorts that end by timer (no submission sweeps in between) respect the bound."""
+    reg, store = registry(max_records=4)
+    cohorts = [reg.submit(sub(0, gid=f"timer-{n}"), T0).cohort for n in range(10)]
+    for n, cohort in enumerate(cohorts):
+        assert cohort is not None
+        assert reg.collection_deadline(cohort, T0 + COLLECTION_S)
+        assert store.counts()["tombstones"] == min(n + 1, 4)
+    # The newest are kept (insertion order is finish order).
+    kept = [c for c in cohorts if c is not None and store.tombstone(c.key, T0 + COLLECTION_S)]
+    assert kept == cohorts[-4:]
