@@ -37,6 +37,7 @@ REASONS = {
     grpc.StatusCode.ABORTED: {"COHORT_FAILED"},
     grpc.StatusCode.UNAVAILABLE: {"JUDGE_FAILED"},  # Compare only
     grpc.StatusCode.DEADLINE_EXCEEDED: {"CALL_WAIT_EXPIRED"},  # a call without a deadline
+    grpc.StatusCode.NOT_FOUND: {"COHORT_NOT_FOUND"},  # GetCohort only
 }
 METADATA_KEYS = {"groupId", "groupAttempt", "rolloutIndex", "latestAttempt"}
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Explain unit testing briefly.")])
