@@ -270,12 +270,11 @@ class Settings(BaseSettings):
 
     def pass_plan(self) -> PassPlan:
         """The judge passes of a cohort under this configuration (to count and plan them)."""
-        judges = self.num_judges_per_comparison
-        return PassPlan(
-            mode=self.comparison_mode,
-            strategy=self.comparison_strategy,
-            judges=judges,
-            debias=self.position_debias and judges >= 2,
+        return PassPlan.of(
+            self.comparison_mode,
+            self.comparison_strategy,
+            self.num_judges_per_comparison,
+            self.position_debias,
         )
 
     @classmethod

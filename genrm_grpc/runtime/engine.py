@@ -77,12 +77,11 @@ class RuntimeConfig:
 
 def pass_plan(config: RuntimeConfig) -> PassPlan:
     """The judge passes the configuration asks for (also used to bound them up front)."""
-    judges = config.scoring.num_judges_per_comparison
-    return PassPlan(
-        mode=config.comparison_mode,
-        strategy=config.scoring.comparison_strategy,
-        judges=judges,
-        debias=config.position_debias and judges >= 2,
+    return PassPlan.of(
+        config.comparison_mode,
+        config.scoring.comparison_strategy,
+        config.scoring.num_judges_per_comparison,
+        config.position_debias,
     )
 
 

@@ -43,6 +43,13 @@ class PassPlan:
     #: Odd judge passes swap the answers (position debiasing, with ≥ 2 judges).
     debias: bool = False
 
+    @classmethod
+    def of(
+        cls, mode: ComparisonMode, strategy: ComparisonStrategy, judges: int, position_debias: bool
+    ) -> PassPlan:
+        """The plan for a configuration (position_debias needs at least two judges)."""
+        return cls(mode, strategy, judges, debias=position_debias and judges >= 2)
+
     def pair_count(self, n: int) -> int:
         if self.mode == "fixed_baseline":
             return n
