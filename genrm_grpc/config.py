@@ -35,6 +35,7 @@ from pydantic_settings import (
 )
 
 from genrm_grpc.cohort.identity import MAX_GROUP_SIZE
+from genrm_grpc.runtime.plan import PassPlan
 from genrm_grpc.scoring.types import ScoringParams
 
 # Every deadline must be finite and > 0: null, 0, negatives, NaN and ∞ are refused.
@@ -230,6 +231,17 @@ class Settings(BaseSettings):
     max_message_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     shutdown_grace_s: Seconds = 30.0
     store: Literal["memory"] = "memory"
+    #: Judge calls one cohort may need (pairs of its declared group_size × judges);
+    #: a member declaring more is refused with INVALID_ARGUMENT before any work.
+    max_judge_passes_per_cohort: Annotated[int, Field(ge=1)] = 16_384
+    #: Judge passes of running Compare calls (queued or judging); more → CAPACITY_EXHAUSTED.
+    max_queued_compare_passes: Annotated[int, Field(ge=1)] = 4096
+    #: Longest a SubmitMember/Compare call without a client deadline waits.
+    max_call_wait_s: Seconds = 3600.0
+    #: Connection lifetime (gRPC channel args); None = unlimited.
+    max_connection_age_s: Seconds | None = None
+    max_connection_age_grace_s: Seconds | None = None
+    max_connection_idle_s: Seconds | None = None
 
     # --- operations and security
     #: Prometheus endpoint ``HOST:PORT`` (its own port); None = no metrics endpoint.
@@ -264,7 +276,24 @@ class Settings(BaseSettings):
                 f"num_rollouts_per_prompt={self.num_rollouts_per_prompt} exceeds "
                 f"max_group_size={self.max_group_size}"
             )
+        plan = self.pass_plan()
+        passes = plan.pass_count(self.num_rollouts_per_prompt)
+        if passes > self.max_judge_passes_per_cohort:
+            raise ValueError(
+                f"num_rollouts_per_prompt={self.num_rollouts_per_prompt} needs {passes} judge "
+                f"passes ({plan.describe()}), more than max_judge_passes_per_cohort="
+                f"{self.max_judge_passes_per_cohort}"
+            )
         return self
+
+    def pass_plan(self) -> PassPlan:
+        """The judge passes of a cohort under this configuration (to count and plan them)."""
+        return PassPlan.of(
+            self.comparison_mode,
+            self.comparison_strategy,
+            self.num_judges_per_comparison,
+            self.position_debias,
+        )
 
     @classmethod
     def settings_customise_sources(

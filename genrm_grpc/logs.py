@@ -1,13 +1,43 @@
-"""Structured logs: one JSON object per line (or plain text for humans)."""
+"""Structured logs: one JSON object per line (or plain text for humans).
+
+Either way one record is exactly one line: ids and reasons come from clients, and a
+group_id holding a newline or an ANSI escape must not forge a log line or recolour a
+terminal. JSON escapes control characters by itself; the text format escapes them
+(``\\n``, ``\\x1b``, ``\\u2028``) in the message, in the extra fields it appends as
+``key=value``, and in exception text.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
+
+# C0 and C1 controls, DEL, and the Unicode line/paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def escape(text: str) -> str:
+    """``text`` with every control character written as a visible escape."""
+    return _CONTROL.sub(_escape_one, text)
+
+
+def _extras(record: logging.LogRecord) -> dict[str, object]:
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
 
 
 class JsonFormatter(logging.Formatter):
@@ -25,20 +55,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def _extras(record: logging.LogRecord) -> dict[str, object]:
-    return {
-        key: value
-        for key, value in vars(record).items()
-        if key not in _STANDARD and not key.startswith("_")
-    }
-
-
 def _logfmt_value(value: object) -> str:
-    """A bare word when that is unambiguous, else a JSON string (quotes, escapes)."""
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    """A bare word when that is unambiguous, else a quoted string; controls escaped."""
+    text = escape(value if isinstance(value, str) else json.dumps(value, default=str))
     if text and not any(c.isspace() or c in '"=\\' for c in text):
         return text
-    return json.dumps(text, ensure_ascii=False)
+    return '"' + text.replace('"', '\\"') + '"'
 
 
 class TextFormatter(logging.Formatter):
@@ -51,12 +73,12 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         line = f"{stamp}.{int(record.msecs):03d}Z {record.levelname} {record.name}: "
-        line += record.getMessage()
+        line += escape(record.getMessage())
         fields = " ".join(f"{k}={_logfmt_value(v)}" for k, v in _extras(record).items())
         if fields:
             line += " " + fields
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += " exc=" + _logfmt_value(self.formatException(record.exc_info))
         return line
 
 

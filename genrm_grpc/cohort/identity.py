@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from genrm_grpc.cohort.model import (
+    MAX_METADATA_VALUE_BYTES,
     CandidateSpec,
     CohortKey,
     MemberCoords,
@@ -16,6 +19,7 @@ from genrm_grpc.cohort.model import (
     Reason,
     Rejection,
     Submission,
+    clip,
 )
 from genrm_grpc.scoring.extract import extract_texts
 from genrm_grpc.scoring.types import AnswerTexts
@@ -24,6 +28,17 @@ ComparisonMode = Literal["rollout_cohort", "fixed_baseline"]
 
 MAX_GROUP_SIZE = 4096
 MAX_ID_LENGTH = 512
+#: Deepest nesting of arrays/objects accepted in ``responses_api_json``. A Responses-API
+#: object nests about six levels; thousands of levels would exhaust the recursion of the
+#: JSON codec (an unhandled RecursionError), so depth is checked first, without recursion.
+MAX_JSON_DEPTH = 64
+
+# A JSON string literal (escapes included); bytes that are not brackets; bracket values.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_DELTA = [0] * 256
+for _open, _close in (b"[]", b"{}"):
+    _BRACKET_DELTA[_open], _BRACKET_DELTA[_close] = 1, -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +64,18 @@ def prompt_digest(prompt: PromptSpec) -> str:
     return hashlib.sha256(_canonical(body)).hexdigest()
 
 
+def json_depth(text: str) -> int:
+    """The deepest bracket nesting of a JSON text, computed without recursion.
+
+    String literals are removed first (brackets inside them do not nest); the running
+    sum of +1/-1 over the remaining brackets is done by C iterators, not a Python loop.
+    Malformed text gets some number; ``json.loads`` refuses it afterwards anyway.
+    """
+    outside = _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass")
+    brackets = outside.translate(None, _NOT_BRACKET)
+    return max(itertools.accumulate(map(_BRACKET_DELTA.__getitem__, brackets)), default=0)
+
+
 def _reject_nonfinite(token: str) -> float:
     raise ValueError(f"non-finite number {token} in responses_api_json")
 
@@ -69,6 +96,12 @@ def candidate_spec(candidate: CandidateInput) -> CandidateSpec | Rejection:
             return _invalid(
                 "candidate",
                 "set either responses_api_json or output_text/reasoning_text, not both",
+            )
+        depth = json_depth(candidate.responses_api_json)
+        if depth > MAX_JSON_DEPTH:
+            return _invalid(
+                "candidate.responses_api_json",
+                f"nested {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted",
             )
         try:
             obj = json.loads(
@@ -147,13 +180,31 @@ def resolve(
     return checked
 
 
-def coords_metadata(coords: MemberCoords) -> dict[str, str]:
-    """ErrorInfo metadata for the coordinates a client sent (only those it sent)."""
-    meta = {"rolloutIndex": str(coords.rollout_index)}
-    if coords.group_id is not None:
-        meta["groupId"] = coords.group_id[:MAX_ID_LENGTH]
-        meta["groupAttempt"] = str(coords.group_attempt or 0)
-    return meta
+def coords_metadata(coords: MemberCoords | None, **extra: str) -> dict[str, str]:
+    """ErrorInfo metadata naming a member (only the coordinates it sent) plus ``extra``.
+
+    The one builder of ErrorInfo metadata for the cohort protocol: every value is clipped
+    to ``MAX_METADATA_VALUE_BYTES`` so that an over-long id is never echoed whole.
+    """
+    meta: dict[str, str] = {}
+    if coords is not None:
+        meta["rolloutIndex"] = str(coords.rollout_index)
+        if coords.group_id is not None:
+            meta["groupId"] = coords.group_id
+            meta["groupAttempt"] = str(coords.group_attempt or 0)
+    meta.update(extra)
+    return {k: clip(v, MAX_METADATA_VALUE_BYTES) for k, v in meta.items()}
+
+
+def check_ids(coords: MemberCoords) -> Rejection | None:
+    """The bounds on ids, shared by every RPC that takes a ``MemberRef``."""
+    if coords.group_id is not None and not coords.group_id.strip():
+        return _invalid("member.group_id", "must not be blank when set")
+    if coords.group_id is not None and len(coords.group_id) > MAX_ID_LENGTH:
+        return _invalid("member.group_id", f"longer than {MAX_ID_LENGTH} characters")
+    if coords.prompt_id is not None and len(coords.prompt_id) > MAX_ID_LENGTH:
+        return _invalid("member.prompt_id", f"longer than {MAX_ID_LENGTH} characters")
+    return None
 
 
 def _check(
@@ -164,12 +215,9 @@ def _check(
     default_group_size: int,
     mode: ComparisonMode,
 ) -> Submission | Rejection:
-    if coords.group_id is not None and not coords.group_id.strip():
-        return _invalid("member.group_id", "must not be blank when set")
-    if coords.group_id is not None and len(coords.group_id) > MAX_ID_LENGTH:
-        return _invalid("member.group_id", f"longer than {MAX_ID_LENGTH} characters")
-    if coords.prompt_id is not None and len(coords.prompt_id) > MAX_ID_LENGTH:
-        return _invalid("member.prompt_id", f"longer than {MAX_ID_LENGTH} characters")
+    bad_ids = check_ids(coords)
+    if bad_ids is not None:
+        return bad_ids
     group_size = coords.group_size if coords.group_size is not None else default_group_size
     if not 1 <= group_size <= MAX_GROUP_SIZE:
         return _invalid("member.group_size", f"must be in [1, {MAX_GROUP_SIZE}], got {group_size}")

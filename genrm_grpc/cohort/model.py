@@ -17,7 +17,7 @@ from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
 
 
 class Reason(enum.StrEnum):
-    """ErrorInfo reasons of PROTOCOL.md (the wire names)."""
+    """ErrorInfo reasons of docs/protocol.md (the wire names)."""
 
     INVALID_MEMBER = "INVALID_MEMBER"
     SLOT_CONFLICT = "SLOT_CONFLICT"
@@ -29,6 +29,8 @@ class Reason(enum.StrEnum):
     SHUTTING_DOWN = "SHUTTING_DOWN"
     JUDGE_FAILED = "JUDGE_FAILED"
     COHORT_NOT_FOUND = "COHORT_NOT_FOUND"  # GetCohort only
+    #: A call without a client deadline waited max_call_wait_s (its member stays).
+    CALL_WAIT_EXPIRED = "CALL_WAIT_EXPIRED"
 
 
 class Phase(enum.Enum):
@@ -141,6 +143,9 @@ class Failed:
 Outcome = Completed | Masked | Failed
 
 MAX_FAILURE_REASON = 2000
+#: Every value echoed back in ErrorInfo metadata is at most this many UTF-8 bytes, so
+#: an error trailer always fits a client's metadata limit (8 KiB by default).
+MAX_METADATA_VALUE_BYTES = 512
 
 LEGACY_RETRY_ADVICE = (
     "This cohort has no group_id (legacy key by task_index/prompt_id + prompt digest). "
@@ -149,8 +154,25 @@ LEGACY_RETRY_ADVICE = (
 )
 
 
+def clip(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` UTF-8 bytes, ending in "…" when it was cut.
+
+    The one clipper for everything echoed to a client (failure reasons, status messages,
+    ErrorInfo metadata): bytes, not characters, because trailers are limited in bytes.
+    """
+    if len(text) * 4 <= max_bytes:  # fast path: even all 4-byte characters would fit
+        return text
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= max_bytes:
+        return text
+    ellipsis = "…".encode()
+    cut = raw[: max(0, max_bytes - len(ellipsis))].decode("utf-8", "ignore")
+    return cut + "…" if max_bytes >= len(ellipsis) else ""
+
+
 def clip_reason(text: str) -> str:
-    return text if len(text) <= MAX_FAILURE_REASON else text[: MAX_FAILURE_REASON - 1] + "…"
+    """A failure reason as recorded and published (≤ ``MAX_FAILURE_REASON`` bytes)."""
+    return clip(text, MAX_FAILURE_REASON)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +228,19 @@ def comparisons_of(member: int, judged: tuple[JudgedPair, ...]) -> tuple[JudgedP
     return tuple(p for p in judged if member in (p.response_i, p.response_j))
 
 
+def comparisons_by_member(n: int, judged: tuple[JudgedPair, ...]) -> list[tuple[JudgedPair, ...]]:
+    """``comparisons_of`` for every member of ``range(n)`` in one pass, O(len(judged)).
+
+    (Calling ``comparisons_of`` per member is O(n × verdicts): seconds for a large group.)
+    """
+    found: list[list[JudgedPair]] = [[] for _ in range(n)]
+    for pair in judged:
+        for member in {pair.response_i, pair.response_j}:
+            if 0 <= member < n:
+                found[member].append(pair)
+    return [tuple(pairs) for pairs in found]
+
+
 class _PackedCompleted:
     """A Completed outcome packed into flat arrays: no per-member or per-verdict objects.
 
@@ -250,10 +285,8 @@ class _PackedCompleted:
         )
         # Each member's comparisons are normally its verdicts in judged order; only when
         # they are not (hand-built outcomes) are they stored explicitly.
-        derived = all(
-            r.comparisons == comparisons_of(k, outcome.judged)
-            for k, r in enumerate(outcome.rewards)
-        )
+        by_member = comparisons_by_member(len(outcome.rewards), outcome.judged)
+        derived = all(r.comparisons == by_member[k] for k, r in enumerate(outcome.rewards))
         self.offsets: array[int] | None = None if derived else array("I", [0])
         member_pairs: list[int] = []
         if self.offsets is not None:
@@ -306,10 +339,12 @@ class _PackedCompleted:
         ]
         values, offsets = self.member_values, self.offsets
         judged = tuple(pairs[n] for n in self.judged)
+        members = len(values) // 4
+        by_member = comparisons_by_member(members, judged) if offsets is None else []
 
         def comparisons(k: int) -> tuple[JudgedPair, ...]:
             if offsets is None:
-                return comparisons_of(k, judged)
+                return by_member[k]
             return tuple(pairs[n] for n in self.member_pairs[offsets[k] : offsets[k + 1]])
 
         rewards = tuple(
@@ -320,7 +355,7 @@ class _PackedCompleted:
                 values[4 * k + 3],
                 comparisons(k),
             )
-            for k in range(len(values) // 4)
+            for k in range(members)
         )
         return Completed(
             rewards=rewards,
@@ -451,6 +486,11 @@ class Tombstone:
     def outcome(self) -> Outcome:
         kept = self._outcome
         return kept.unpack() if isinstance(kept, _PackedCompleted) else kept
+
+    @property
+    def masked(self) -> bool:
+        """True when the judge failed (without unpacking anything)."""
+        return isinstance(self._outcome, Masked)
 
     @property
     def failed(self) -> Failed | None:

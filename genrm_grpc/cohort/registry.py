@@ -1,4 +1,5 @@
-"""The cohort registry: every rule of PROTOCOL.md's member-submission table, sans I/O.
+"""The cohort registry: every rule of the member-submission table
+(docs/protocol.md), sans I/O.
 
 The registry takes events — a member arrived, a deadline passed, an evaluation
 finished, the server is draining — and returns decisions. It never sleeps, never
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from genrm_grpc.cohort.identity import coords_metadata
 from genrm_grpc.cohort.model import (
     LEGACY_RETRY_ADVICE,
+    MAX_FAILURE_REASON,
     Cohort,
     CohortKey,
     Completed,
@@ -31,6 +33,7 @@ from genrm_grpc.cohort.model import (
     Rejection,
     Submission,
     Tombstone,
+    clip,
     clip_reason,
 )
 from genrm_grpc.store.base import CohortStore
@@ -63,13 +66,6 @@ class SubmitDecision:
     #: Cohorts that this submission ended (older attempts it superseded, or its own
     #: cohort when the collection deadline had already passed). Publish their outcomes.
     ended: list[Cohort] = field(default_factory=list)
-
-
-def member_metadata(sub: Submission, **extra: str) -> dict[str, str]:
-    """ErrorInfo metadata naming the member (groupId, groupAttempt, rolloutIndex)."""
-    meta = coords_metadata(sub.coords)
-    meta.update(extra)
-    return meta
 
 
 class CohortRegistry:
@@ -105,7 +101,7 @@ class CohortRegistry:
 
     # ------------------------------------------------------------------ events
     def submit(self, sub: Submission, now: float) -> SubmitDecision:
-        """Decide what a member submission gets (the table of PROTOCOL.md)."""
+        """Decide what a member submission gets (the status table of docs/protocol.md)."""
         self._sweep(now)
         if sub.coords.group_id is not None and sub.coords.group_attempt is None:
             self._warn_missing_attempt(sub)
@@ -249,6 +245,12 @@ class CohortRegistry:
     def _submit_terminal(self, tomb: Tombstone, sub: Submission) -> SubmitDecision:
         if tomb.prompt_digest != sub.prompt_digest or tomb.group_size != sub.group_size:
             return self._mismatch(sub, tomb.group_size, tomb.prompt_digest)
+        if not tomb.key.explicit and tomb.masked:
+            # A fenced legacy key: every later member for it, whatever its answer, gets
+            # the recorded masked result (whose reason advises a fresh group_id). No
+            # judge call, and no new cohort that could mix a delayed member of the
+            # failed run with its replacement.
+            return SubmitDecision(Disposition.REPLAYED, replay=tomb)
         digest = tomb.digest_at(sub.rollout_index)
         if digest is not None and digest != sub.candidate.digest:
             return self._slot_conflict(sub)
@@ -261,7 +263,6 @@ class CohortRegistry:
 
     def _accept(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
         cohort.members[sub.rollout_index] = Member(coords=sub.coords, candidate=sub.candidate)
-        self.store.record_member(cohort.key, sub.rollout_index, sub.candidate.digest)
         frozen = False
         if cohort.full:
             cohort.phase = Phase.EVALUATING
@@ -320,13 +321,13 @@ class CohortRegistry:
                     del self._active_by_group[gid]
             self.store.raise_watermark(gid, cohort.key.attempt, now)
         digests = {i: m.candidate.digest for i, m in cohort.members.items()}
-        self.store.forget_members(cohort.key)
         # Explicit cohorts keep a tombstone for replay and fencing. Legacy cohorts are
-        # retired on success; a failed legacy key stays fenced so delayed members of the
-        # failed run cannot start a new cohort that mixes runs.
-        if cohort.key.explicit or isinstance(outcome, Failed):
-            if isinstance(outcome, Failed) and not cohort.key.explicit:
-                outcome = Failed(outcome.reason, legacy=True)
+        # retired on success; a failed legacy key — failed, or masked because the judge
+        # failed — stays fenced, so that neither a resend nor a delayed member of the
+        # failed run can start a new cohort that mixes runs or is judged again.
+        if cohort.key.explicit or not isinstance(outcome, Completed):
+            if not cohort.key.explicit and not isinstance(outcome, Completed):
+                outcome = legacy_outcome(outcome)
                 cohort.outcome = outcome
             self.store.put_tombstone(
                 Tombstone(
@@ -356,9 +357,8 @@ class CohortRegistry:
 
     # ------------------------------------------------------------------ refusals
     def _reject(self, reason: Reason, message: str, sub: Submission, **meta: str) -> SubmitDecision:
-        return SubmitDecision(
-            Disposition.REJECTED, rejection=Rejection(reason, message, member_metadata(sub, **meta))
-        )
+        rejection = Rejection(reason, message, coords_metadata(sub.coords, **meta))
+        return SubmitDecision(Disposition.REJECTED, rejection=rejection)
 
     def _mismatch(self, sub: Submission, group_size: int, digest: str) -> SubmitDecision:
         if group_size != sub.group_size:
@@ -387,7 +387,7 @@ class CohortRegistry:
     def _failed(self, sub: Submission, outcome: Failed) -> SubmitDecision:
         return SubmitDecision(
             Disposition.REJECTED,
-            rejection=failure_rejection(sub.key, outcome, member_metadata(sub)),
+            rejection=failure_rejection(sub.key, outcome, coords_metadata(sub.coords)),
         )
 
     def _capacity_exhausted(self, sub: Submission) -> SubmitDecision:
@@ -404,9 +404,25 @@ class CohortRegistry:
         )
 
 
+def legacy_outcome(outcome: Failed | Masked) -> Failed | Masked:
+    """The outcome a failed legacy cohort records: marked legacy, advice included.
+
+    A masked result carries the advice in its ``failure_reason`` (clipped so the advice
+    always survives); a failure gets it appended to its status message.
+    """
+    if isinstance(outcome, Failed):
+        return Failed(outcome.reason, legacy=True)
+    room = MAX_FAILURE_REASON - len(LEGACY_RETRY_ADVICE.encode()) - 2
+    return Masked(f"{clip(outcome.reason, room)}. {LEGACY_RETRY_ADVICE}", outcome.metrics)
+
+
 def failure_rejection(key: CohortKey, outcome: Failed, meta: Mapping[str, str]) -> Rejection:
-    """The ABORTED/COHORT_FAILED refusal for members of a failed cohort."""
-    message = f"cohort {key} failed: {outcome.reason}"
+    """The ABORTED/COHORT_FAILED refusal for members of a failed cohort.
+
+    The key and reason are clipped so that the whole message, and the legacy advice at
+    its end, fits the status message bound.
+    """
+    message = f"cohort {clip(str(key), 160)} failed: {clip(outcome.reason, 560)}"
     if outcome.legacy:
         message = f"{message}. {LEGACY_RETRY_ADVICE}"
     return Rejection(Reason.COHORT_FAILED, message, dict(meta))

@@ -35,20 +35,25 @@ from genrm_grpc.cohort.model import (
     Submission,
     Tombstone,
     clip_reason,
-    comparisons_of,
+    comparisons_by_member,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
 from genrm_grpc.observability.hooks import CohortOutcome, NullRuntimeObserver, RuntimeObserver
 from genrm_grpc.runtime.clock import Clock, LoopClock, TimerHandle
+from genrm_grpc.runtime.plan import Pass, PassPlan
 from genrm_grpc.runtime.scheduler import PrioritySemaphore
-from genrm_grpc.scoring import aggregate, judge_passes
+from genrm_grpc.scoring import aggregate
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringParams
 
 log = logging.getLogger(__name__)
 
 JudgeSchedule = Literal["after_collection", "eager"]
 _T = TypeVar("_T")
+
+
+class CompareCapacityError(Exception):
+    """A Compare would queue more judge passes than ``max_queued_compare_passes``."""
 
 
 class JudgeBackend(Protocol):
@@ -64,7 +69,20 @@ class RuntimeConfig:
     default_principle: str = ""
     #: Alternate judge passes swap the two answers (only with ≥ 2 judges per comparison).
     position_debias: bool = False
+    #: Passes of running Compare calls (queued or judging) above which a new one is
+    #: refused with CompareCapacityError.
+    max_queued_compare_passes: int = 4096
     scoring: ScoringParams = field(default_factory=ScoringParams)
+
+
+def pass_plan(config: RuntimeConfig) -> PassPlan:
+    """The judge passes the configuration asks for (also used to bound them up front)."""
+    return PassPlan.of(
+        config.comparison_mode,
+        config.scoring.comparison_strategy,
+        config.scoring.num_judges_per_comparison,
+        config.position_debias,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,13 +96,9 @@ class PairProgress:
 ProgressCallback = Callable[[PairProgress], None]
 
 
-@dataclass(frozen=True, slots=True)
-class _Job:
-    order: int
-    i: int
-    j: int
-    judge_index: int
-    swap: bool
+#: A complete cohort's passes are started in slices of this many, with a yield to the
+#: event loop in between, so that a large cohort never freezes the loop.
+START_SLICE = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +142,6 @@ class Ticket:
     """What a submission got: a waiter, a replayed tombstone, or a rejection."""
 
     disposition: Disposition
-    cohort_key: CohortKey
     waiter: Waiter | None = None
     replay: Tombstone | None = None
     rejection: Rejection | None = None
@@ -137,13 +150,14 @@ class Ticket:
 @dataclass(slots=True, eq=False)
 class _Live:
     cohort: Cohort
-    jobs: tuple[_Job, ...]
     waiters: dict[int, set[Waiter]] = field(default_factory=dict)
     collection_timer: TimerHandle | None = None
     evaluation_timer: TimerHandle | None = None
     pair_tasks: dict[int, asyncio.Task[_PairResult]] = field(default_factory=dict)
     eval_task: asyncio.Task[None] | None = None
     priority: int | None = None
+    #: A Compare: its passes are spread over later ranks (fair against cohorts).
+    spread: bool = False
     #: Reason of the first JudgeFailedError: the cohort is masked, spend no more calls.
     judge_failure: str | None = None
 
@@ -164,12 +178,15 @@ class CohortRuntime:
         self._judge = judge
         self._clock: Clock = clock or LoopClock()
         self._sem = PrioritySemaphore(config.judge_max_concurrency)
+        self._plan = pass_plan(config)
         self._live: dict[CohortKey, _Live] = {}
         self._owned: set[asyncio.Task[Any]] = set()
         self._ready_seq = 0
+        self._compare_passes = 0  # passes of running comparisons (queued or judging)
         self._evaluating = 0
         self._no_evaluations = asyncio.Event()
         self._no_evaluations.set()
+        self._grace_over = asyncio.Event()
         self.judge_calls = 0
 
     # ------------------------------------------------------------------ API
@@ -194,10 +211,27 @@ class CohortRuntime:
     async def compare(self, prompt: PromptSpec, candidates: Sequence[CandidateSpec]) -> Completed:
         """Judge a batch right away (no cohort, no replay); shares the judge bound.
 
-        Raises :class:`JudgeFailedError` when the judge fails.
+        Raises :class:`JudgeFailedError` when the judge fails, and
+        :class:`CompareCapacityError` when its passes would exceed
+        ``max_queued_compare_passes`` together with those of running comparisons (a
+        comparison alone is always admitted).
+
+        Fair order: pass *p* of a comparison queues for a judge permit as if it were a
+        cohort that became ready *p* places later, so cohorts that become ready while a
+        large comparison runs are interleaved with its passes (one cohort, then one
+        pass) instead of waiting for all of them; comparisons interleave likewise.
         """
-        self._ready_seq += 1
         n = len(candidates)
+        passes = self._plan.pass_count(n)
+        limit = self.config.max_queued_compare_passes
+        # One comparison alone is always admitted (max_compare_candidates bounds it).
+        if self._compare_passes and self._compare_passes + passes > limit:
+            raise CompareCapacityError(
+                f"this comparison needs {passes} judge passes and {self._compare_passes} are "
+                f"already queued or running; max_queued_compare_passes={limit}: retry later"
+            )
+        self._ready_seq += 1
+        self._compare_passes += passes
         cohort = Cohort(
             key=CohortKey(group_id=None, legacy_key="compare", attempt=self._ready_seq),
             seq=0,
@@ -210,12 +244,12 @@ class CohortRuntime:
             phase=Phase.EVALUATING,
         )
         cohort.snapshot = tuple(cohort.members[k] for k in range(n))
-        live = _Live(cohort=cohort, jobs=self._plan(cohort), priority=self._ready_seq)
+        live = _Live(cohort=cohort, priority=self._ready_seq, spread=True)
         # Counted as an evaluation so that shutdown grants it the same grace.
         self._evaluating += 1
         self._no_evaluations.clear()
         try:
-            tasks = [self._start_pair(live, job) for job in live.jobs]
+            tasks = [self._start_pair(live, job) for job in self._plan.all_passes(n)]
             try:
                 results = await _all_or_first_error(tasks)
             except asyncio.CancelledError:
@@ -228,17 +262,32 @@ class CohortRuntime:
                 ) from None
             return self._score(cohort, results)
         finally:
+            self._compare_passes -= passes
             self._evaluation_ended()
 
     async def shutdown(self, grace_s: float) -> None:
-        """Drain: refuse new cohorts, let evaluations finish within ``grace_s``, fail the rest."""
+        """Drain: refuse new cohorts, let evaluations finish within ``grace_s``, fail the rest.
+
+        :meth:`end_grace` (a second signal) ends the grace period at once.
+        """
         self.registry.start_draining()
-        if self._evaluating:
+        if self._evaluating and not self._grace_over.is_set():
+            waits = [
+                asyncio.ensure_future(self._no_evaluations.wait()),
+                asyncio.ensure_future(self._grace_over.wait()),
+            ]
             try:
-                async with asyncio.timeout(grace_s):
-                    await self._no_evaluations.wait()
-            except TimeoutError:
+                done, _ = await asyncio.wait(
+                    waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for wait in waits:
+                    wait.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+            if not done:
                 log.warning("shutdown grace of %gs expired with evaluations running", grace_s)
+            elif self._evaluating:
+                log.warning("shutdown grace cut short with evaluations running")
         for cohort in self.registry.fail_all("server is shutting down", self._clock.now()):
             self._publish(cohort)
         # What is still running belongs to no cohort (Compare's judge calls): cancel it,
@@ -246,6 +295,10 @@ class CohortRuntime:
         for task in list(self._owned):
             task.cancel()
         await self.drain_tasks()
+
+    def end_grace(self) -> None:
+        """End the shutdown grace period now: running evaluations fail like at its expiry."""
+        self._grace_over.set()
 
     async def drain_tasks(self) -> None:
         """Await every owned task that is finishing (after a cancel) or still running."""
@@ -261,13 +314,14 @@ class CohortRuntime:
             "judge_in_flight": self._sem.in_use,
             "judge_waiting": self._sem.waiting,
             "judge_calls": self.judge_calls,
+            "compare_passes": self._compare_passes,
         }
 
     # ------------------------------------------------------------------ decisions
     def _execute(
         self, sub: Submission, decision: SubmitDecision, on_progress: ProgressCallback | None
     ) -> Ticket:
-        ticket = Ticket(decision.disposition, sub.key)
+        ticket = Ticket(decision.disposition)
         if decision.disposition is Disposition.REJECTED:
             ticket.rejection = decision.rejection
             return ticket
@@ -278,7 +332,7 @@ class CohortRuntime:
         assert cohort is not None
         live = self._live.get(cohort.key)
         if live is None:
-            live = _Live(cohort=cohort, jobs=self._plan(cohort))
+            live = _Live(cohort=cohort)
             self._live[cohort.key] = live
             live.collection_timer = self._clock.call_at(
                 cohort.collection_deadline, lambda: self._on_collection_deadline(live)
@@ -293,23 +347,6 @@ class CohortRuntime:
             elif self.config.judge_schedule == "eager":
                 self._start_ready_pairs(live, sub.rollout_index)
         return ticket
-
-    def _plan(self, cohort: Cohort) -> tuple[_Job, ...]:
-        n = cohort.group_size
-        params = self.config.scoring
-        judges = params.num_judges_per_comparison
-        if self.config.comparison_mode == "fixed_baseline":
-            # The member sits on alternate sides so the judge's position bias cancels;
-            # verdicts are mapped back to the member's side. The baseline is index n.
-            return tuple(
-                _Job(order, m, n, k, swap=(m + k) % 2 == 1)
-                for order, (k, m) in enumerate((k, m) for k in range(judges) for m in range(n))
-            )
-        debias = self.config.position_debias and judges >= 2
-        return tuple(
-            _Job(order, i, j, k, swap=debias and k % 2 == 1)
-            for order, (i, j, k) in enumerate(judge_passes(n, params.comparison_strategy, judges))
-        )
 
     def _start_evaluation(self, live: _Live) -> None:
         cohort = live.cohort
@@ -336,15 +373,13 @@ class CohortRuntime:
             self._no_evaluations.set()
 
     def _start_ready_pairs(self, live: _Live, arrived: int) -> None:
-        members = live.cohort.members
-        baseline = self.config.comparison_mode == "fixed_baseline"
-        for job in live.jobs:
-            if arrived not in (job.i, job.j) or job.order in live.pair_tasks:
-                continue
-            if job.i in members and (baseline or job.j in members):
+        """Eager: start the passes of the member that arrived whose partners are present."""
+        cohort = live.cohort
+        for job in self._plan.passes_with(cohort.group_size, arrived, cohort.members.keys()):
+            if job.order not in live.pair_tasks:
                 self._start_pair(live, job)
 
-    def _start_pair(self, live: _Live, job: _Job) -> asyncio.Task[_PairResult]:
+    def _start_pair(self, live: _Live, job: Pass) -> asyncio.Task[_PairResult]:
         task = live.pair_tasks.get(job.order)
         if task is None:
             if live.priority is None:
@@ -367,7 +402,7 @@ class CohortRuntime:
         task.add_done_callback(_retrieve_exception)
         return task
 
-    def _judge_input(self, cohort: Cohort, job: _Job) -> JudgeInput:
+    def _judge_input(self, cohort: Cohort, job: Pass) -> JudgeInput:
         snapshot = cohort.members
         prompt = cohort.prompt
         first = snapshot[job.i].candidate.texts.judge_text()
@@ -381,10 +416,16 @@ class CohortRuntime:
             principle = prompt.principle or self.config.default_principle or None
         return JudgeInput(prompt.messages, first, second, principle)
 
-    async def _judge_pair(self, live: _Live, job: _Job, inp: JudgeInput) -> _PairResult:
+    async def _judge_pair(self, live: _Live, job: Pass, inp: JudgeInput) -> _PairResult:
         cohort = live.cohort
         assert live.priority is not None
-        async with self._sem.slot((live.priority, job.order)):
+        # Cohort passes queue by (readiness, pass order); a comparison's pass p by
+        # readiness + p, after any cohort of that rank (see ``compare``).
+        if live.spread:
+            rank: tuple[int, ...] = (live.priority + job.order, 1, job.order)
+        else:
+            rank = (live.priority, 0, job.order)
+        async with self._sem.slot(rank):
             if live.judge_failure is not None:
                 # A sibling failed while this pair waited; the permit it freed must not
                 # start a judge call whose verdict would be discarded.
@@ -420,7 +461,11 @@ class CohortRuntime:
     async def _evaluate(self, live: _Live) -> None:
         cohort = live.cohort
         try:
-            tasks = [self._start_pair(live, job) for job in live.jobs]
+            tasks = []
+            for job in self._plan.all_passes(cohort.group_size):
+                tasks.append(self._start_pair(live, job))
+                if len(tasks) % START_SLICE == 0:
+                    await asyncio.sleep(0)  # a large cohort: let other work run
             try:
                 results = await _all_or_first_error(tasks)
             except JudgeFailedError as exc:
@@ -452,13 +497,14 @@ class CohortRuntime:
             raise ValueError(f"aggregated rewards are not finite or not one per member: {values!r}")
         metrics = dict(scores.metrics)
         metrics.update(_usage_metrics([r.usage for r in results]))
+        by_member = comparisons_by_member(len(scores.members), judged)
         rewards = tuple(
             MemberReward(
                 reward=s.reward,
                 score_raw=s.score_raw,
                 overall_score=s.overall_score,
                 length_adjustment=s.length_adjustment,
-                comparisons=comparisons_of(k, judged),
+                comparisons=by_member[k],
             )
             for k, s in enumerate(scores.members)
         )

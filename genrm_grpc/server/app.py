@@ -77,7 +77,7 @@ KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
 def server_options(settings: Settings) -> list[tuple[str, int]]:
     # gRPC's own hard limit sits above ours so oversized members get our typed error.
     hard_limit = settings.max_message_bytes * 2 + (1 << 20)
-    return [
+    options = [
         ("grpc.max_receive_message_length", hard_limit),
         ("grpc.max_send_message_length", hard_limit),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
@@ -86,6 +86,23 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.so_reuseport", int(settings.listen_reuse_port)),
         *KEEPALIVE_OPTIONS,
     ]
+    # Connection lifetime (off unless configured): after max_connection_age_s a client
+    # gets GOAWAY and reconnects (spreading load over new replicas); calls still running
+    # get max_connection_age_grace_s to finish. An idle connection is closed after
+    # max_connection_idle_s.
+    for key, seconds in (
+        ("grpc.max_connection_age_ms", settings.max_connection_age_s),
+        ("grpc.max_connection_age_grace_ms", settings.max_connection_age_grace_s),
+        ("grpc.max_connection_idle_ms", settings.max_connection_idle_s),
+    ):
+        if seconds is not None:
+            options.append((key, max(1, round(seconds * 1000))))
+    return options
+
+
+#: After the runtime published every outcome of the drain, how long handlers get to
+#: write them before the remaining calls are cancelled.
+FLUSH_S = 5.0
 
 
 class ListenError(OSError):
@@ -176,6 +193,7 @@ class CohortServer:
                 use_principle=settings.use_principle,
                 default_principle=settings.default_principle,
                 position_debias=settings.position_debias,
+                max_queued_compare_passes=settings.max_queued_compare_passes,
                 scoring=settings.scoring_params(),
             ),
             observer=runtime_observer,
@@ -200,11 +218,14 @@ class CohortServer:
                 default_group_size=settings.num_rollouts_per_prompt,
                 mode=settings.comparison_mode,
                 max_message_bytes=settings.max_message_bytes,
+                max_call_wait_s=settings.max_call_wait_s,
                 bounds=FieldBounds(
                     max_group_size=settings.max_group_size,
                     max_prompt_messages=settings.max_prompt_messages,
                     max_text_chars=settings.max_text_chars,
                     max_compare_candidates=settings.max_compare_candidates,
+                    max_judge_passes_per_cohort=settings.max_judge_passes_per_cohort,
+                    passes=settings.pass_plan(),
                 ),
                 observer=self.metrics,
                 tracer=self.tracing,
@@ -221,6 +242,7 @@ class CohortServer:
                 self.metrics.exposition, settings.metrics_listen
             )
         self.port = 0
+        self._stopping: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """Bind and start; a busy or foreign address raises :class:`ListenError`."""
@@ -275,12 +297,31 @@ class CohortServer:
             self.tracing.shutdown()
 
     async def stop(self) -> None:
-        """Health → NOT_SERVING, refuse new cohorts, let evaluations finish, fail the rest."""
-        log.info("draining", extra={"grace_s": self.settings.shutdown_grace_s})
+        """Drain and stop; idempotent: a second call waits for the same drain.
+
+        Health turns NOT_SERVING and gRPC sends GOAWAY at once (clients open new calls
+        elsewhere; the listener is closed), evaluating cohorts may finish within
+        ``shutdown_grace_s``, then everything still active fails with a typed status,
+        and handlers get ``FLUSH_S`` to write what was published.
+        """
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopping)
+
+    def hurry(self) -> None:
+        """End the drain's grace period now (a second SIGTERM/SIGINT): an orderly stop."""
+        log.warning("second signal: ending the shutdown grace period now")
+        self.runtime.end_grace()
+
+    async def _stop(self) -> None:
+        grace = self.settings.shutdown_grace_s
+        log.info("draining", extra={"grace_s": grace})
         await self.health.enter_graceful_shutdown()
-        await self.runtime.shutdown(self.settings.shutdown_grace_s)
-        # Give handlers a moment to send the outcomes that shutdown just published.
-        await self.server.stop(grace=5.0)
+        # server.stop refuses new calls and sends GOAWAY now; calls in flight get the
+        # grace plus FLUSH_S, and it returns as soon as the last one has finished.
+        stopping = asyncio.ensure_future(self.server.stop(grace=grace + FLUSH_S))
+        await self.runtime.shutdown(grace)
+        await stopping
         await self.judge.aclose()
         if self.metrics_endpoint is not None:
             await self.metrics_endpoint.stop()
@@ -311,12 +352,24 @@ def freeze_startup_state() -> int:
 
 
 async def run(settings: Settings, *, on_ready: Callable[[int], None] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, then drain. A second signal ends the grace period.
+
+    The handlers stay installed until the drain is over: a repeated signal never falls
+    through to the default action (killing the process mid-drain); every waiting call
+    still gets a typed status and the exit code stays 0.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    server = CohortServer(settings)
+
+    def on_signal() -> None:
+        if stop.is_set():
+            server.hurry()
+        stop.set()
+
     # Handlers first: a SIGTERM right after the readiness line must still drain cleanly.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    server = CohortServer(settings)
+        loop.add_signal_handler(sig, on_signal)
     try:
         port = await server.start()
     except BaseException:
@@ -330,6 +383,8 @@ async def run(settings: Settings, *, on_ready: Callable[[int], None] | None = No
             on_ready(port)
         await stop.wait()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        await server.stop()
+        try:
+            await server.stop()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 from genrm.cohort.v1 import cohort_pb2 as pb
 
-from genrm_grpc.cohort.identity import MAX_ID_LENGTH
+from genrm_grpc.cohort.identity import coords_metadata
 from genrm_grpc.cohort.model import Reason, Rejection
+from genrm_grpc.runtime.plan import PassPlan
+from genrm_grpc.server.convert import coords_from_proto
 
 #: Roles are short words (user, assistant, system, ...); no configuration needed.
 MAX_ROLE_CHARS = 64
@@ -26,6 +28,10 @@ class FieldBounds:
     max_prompt_messages: int
     max_text_chars: int
     max_compare_candidates: int
+    #: With ``passes``: the most judge calls one cohort may need (checked at every
+    #: member against the group_size it declares, before any work is done).
+    max_judge_passes_per_cohort: int | None = None
+    passes: PassPlan | None = None
 
     def submission(self, request: pb.SubmitMemberRequest) -> Rejection | None:
         ref = request.member
@@ -34,16 +40,25 @@ class FieldBounds:
                 "member.group_size",
                 f"must be at most max_group_size={self.max_group_size}, got {ref.group_size}",
             )
+        elif ref.HasField("group_size") and self._too_many_passes(ref.group_size):
+            assert self.passes is not None
+            bad = _violation(
+                "member.group_size",
+                f"group_size {ref.group_size} needs {self.passes.pass_count(ref.group_size)} "
+                f"judge passes ({self.passes.describe()}); at most max_judge_passes_per_cohort="
+                f"{self.max_judge_passes_per_cohort}",
+            )
         else:
             bad = self._prompt(request.prompt) or self._candidate(request.candidate, "candidate")
         if bad is None:
             return None
         # Name the member in ErrorInfo like every other refusal of a member does.
-        meta = {"rolloutIndex": str(ref.rollout_index)}
-        if ref.HasField("group_id"):
-            meta["groupId"] = ref.group_id[:MAX_ID_LENGTH]
-            meta["groupAttempt"] = str(ref.group_attempt)
+        meta = coords_metadata(coords_from_proto(ref))
         return Rejection(bad.reason, bad.message, meta, bad.field_violations)
+
+    def _too_many_passes(self, group_size: int) -> bool:
+        limit, plan = self.max_judge_passes_per_cohort, self.passes
+        return limit is not None and plan is not None and plan.pass_count(group_size) > limit
 
     def compare(self, request: pb.CompareRequest) -> Rejection | None:
         count = len(request.candidates)

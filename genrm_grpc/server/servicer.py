@@ -13,6 +13,8 @@ from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from genrm_grpc.cohort.identity import (
     ComparisonMode,
     candidate_spec,
+    check_ids,
+    coords_metadata,
     prompt_digest,
     resolve,
     resolve_key,
@@ -26,7 +28,7 @@ from genrm_grpc.cohort.model import (
     Rejection,
     Submission,
 )
-from genrm_grpc.cohort.registry import failure_rejection, member_metadata
+from genrm_grpc.cohort.registry import failure_rejection
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.observability.hooks import (
     NullServiceObserver,
@@ -34,7 +36,13 @@ from genrm_grpc.observability.hooks import (
     ServiceObserver,
     SubmitTracer,
 )
-from genrm_grpc.runtime.engine import CohortRuntime, PairProgress, ProgressCallback, Ticket
+from genrm_grpc.runtime.engine import (
+    CohortRuntime,
+    CompareCapacityError,
+    PairProgress,
+    ProgressCallback,
+    Ticket,
+)
 from genrm_grpc.server import convert
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.errors import abort, status_proto
@@ -53,6 +61,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         default_group_size: int,
         mode: ComparisonMode,
         max_message_bytes: int,
+        max_call_wait_s: float = 3600.0,
         bounds: FieldBounds | None = None,
         observer: ServiceObserver | None = None,
         tracer: SubmitTracer | None = None,
@@ -61,6 +70,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self._group_size = default_group_size
         self._mode = mode
         self._max_bytes = max_message_bytes
+        self._max_wait_s = max_call_wait_s
         self._bounds = bounds
         self._observer: ServiceObserver = observer or NullServiceObserver()
         self._tracer: SubmitTracer = tracer or NullSubmitTracer()
@@ -72,7 +82,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
                 Reason.CAPACITY_EXHAUSTED,
                 f"member message of {request.ByteSize()} bytes exceeds max_message_bytes="
                 f"{self._max_bytes}",
-                {"rolloutIndex": str(request.member.rollout_index)},
+                coords_metadata(convert.coords_from_proto(request.member)),
             )
         if self._bounds is not None:
             out_of_bounds = self._bounds.submission(request)
@@ -96,7 +106,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self, sub: Submission, ticket: Ticket, outcome: object
     ) -> pb.MemberResult | Rejection:
         if isinstance(outcome, Failed):
-            return failure_rejection(sub.key, outcome, member_metadata(sub))
+            return failure_rejection(sub.key, outcome, coords_metadata(sub.coords))
         result = convert.member_result(sub.coords, outcome, replayed=False)  # type: ignore[arg-type]
         if result.mask_sample:
             self._observer.masked_result()
@@ -107,7 +117,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         assert tomb is not None
         failed = tomb.failed
         if failed is not None:
-            return failure_rejection(sub.key, failed, member_metadata(sub))
+            return failure_rejection(sub.key, failed, coords_metadata(sub.coords))
         outcome = tomb.outcome  # unpacked once, here
         assert not isinstance(outcome, Failed)
         result = convert.member_result(sub.coords, outcome, replayed=True)
@@ -128,6 +138,18 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             self._observer.member_result(ticket.disposition.value)
         return ticket
 
+    def _wait_cap(self, context: Context) -> float | None:
+        """How long a call may wait: unbounded with a client deadline, else max_call_wait_s."""
+        return None if context.time_remaining() is not None else self._max_wait_s
+
+    def _wait_expired(self, meta: dict[str, str]) -> Rejection:
+        return Rejection(
+            Reason.CALL_WAIT_EXPIRED,
+            f"the call waited max_call_wait_s={self._max_wait_s:g} without a client deadline; "
+            "a submitted member stays in its cohort: resend it (with a deadline) to reattach",
+            meta,
+        )
+
     # ------------------------------------------------------------------ RPCs
     async def SubmitMember(
         self, request: pb.SubmitMemberRequest, context: Context
@@ -143,7 +165,11 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         else:
             assert ticket.waiter is not None
             # A cancelled or expired call ends here; Waiter.wait removes only this waiter.
-            outcome = await ticket.waiter.wait()
+            try:
+                async with asyncio.timeout(self._wait_cap(context)):
+                    outcome = await ticket.waiter.wait()
+            except TimeoutError:
+                await abort(context, self._wait_expired(coords_metadata(sub.coords)))
             answer = self._outcome_to_result(sub, ticket, outcome)
         if isinstance(answer, Rejection):
             await abort(context, answer)
@@ -162,7 +188,14 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             self._observer.compare_finished("rejected")
             await abort(context, refusal)
         try:
-            response = await self._compare(request, context)
+            async with asyncio.timeout(self._wait_cap(context)):
+                response = await self._compare(request, context)
+        except TimeoutError:
+            self._observer.compare_finished("rejected")
+            await abort(context, self._wait_expired({}))
+        except CompareCapacityError as exc:
+            self._observer.compare_finished("rejected")
+            await abort(context, Rejection(Reason.CAPACITY_EXHAUSTED, str(exc)))
         except JudgeFailedError as exc:
             self._observer.compare_finished("judge_failed")
             await abort(context, Rejection(Reason.JUDGE_FAILED, f"judge failed: {exc.reason}"))
@@ -220,6 +253,9 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self, request: pb.GetCohortRequest, context: Context
     ) -> pb.GetCohortResponse:
         coords = convert.coords_from_proto(request.member)
+        bad_ids = check_ids(coords)
+        if bad_ids is not None:
+            await abort(context, bad_ids)
         registry = self._runtime.registry
         now = self._runtime.now()
         latest = None
@@ -234,9 +270,9 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         cohort = registry.active(key)
         found = cohort if cohort is not None else registry.store.tombstone(key, now)
         if found is None:
-            meta = (
-                {"groupId": key.group_id, "groupAttempt": str(key.attempt)} if key.group_id else {}
-            )
+            meta = {}
+            if key.group_id is not None:
+                meta = coords_metadata(None, groupId=key.group_id, groupAttempt=str(key.attempt))
             await abort(
                 context,
                 Rejection(Reason.COHORT_NOT_FOUND, f"no cohort {key} on this server", meta),

@@ -1,4 +1,4 @@
-"""Where the cohort core keeps what must outlive a cohort: watermarks, tombstones, digests.
+"""Where the cohort core keeps what must outlive a cohort: watermarks and tombstones.
 
 The registry talks to exactly this interface. The in-memory implementation is the
 default; durable (SQLite) and shared (Redis) implementations plug in behind it.
@@ -24,13 +24,6 @@ class CohortStore(Protocol):
         """The tombstone of a terminal cohort (None when unknown or expired)."""
 
     def put_tombstone(self, tombstone: Tombstone, now: float) -> None: ...
-
-    def record_member(self, key: CohortKey, rollout_index: int, digest: str) -> None:
-        """Remember an accepted member's response digest while its cohort is active."""
-
-    def member_digests(self, key: CohortKey) -> Mapping[int, str]: ...
-
-    def forget_members(self, key: CohortKey) -> None: ...
 
     def evict(self, now: float, pinned: Callable[[str], bool]) -> int:
         """Drop expired / surplus records; never a watermark for which ``pinned`` holds.

@@ -31,7 +31,6 @@ class MemoryStore:
         self._max = max_records
         self._tombstones: OrderedDict[_Key, tuple[float, bytes]] = OrderedDict()
         self._watermarks: OrderedDict[str, tuple[float, int]] = OrderedDict()
-        self._members: dict[CohortKey, dict[int, str]] = {}
 
     def watermark(self, group_id: str, now: float) -> int | None:
         entry = self._watermarks.get(group_id)
@@ -52,17 +51,13 @@ class MemoryStore:
 
     def put_tombstone(self, tombstone: Tombstone, now: float) -> None:
         key = _key(tombstone.key)
-        self._tombstones.pop(key, None)
-        self._tombstones[key] = (now + self._ttl, tombstone.record())
-
-    def record_member(self, key: CohortKey, rollout_index: int, digest: str) -> None:
-        self._members.setdefault(key, {})[rollout_index] = digest
-
-    def member_digests(self, key: CohortKey) -> Mapping[int, str]:
-        return self._members.get(key, {})
-
-    def forget_members(self, key: CohortKey) -> None:
-        self._members.pop(key, None)
+        tombs = self._tombstones
+        tombs.pop(key, None)
+        tombs[key] = (now + self._ttl, tombstone.record())
+        # The bound holds at insert, not only at the next sweep: cohorts that end by
+        # timer or shutdown, with no submission in between, must not pile up.
+        while len(tombs) > self._max:
+            tombs.popitem(last=False)
 
     def evict(self, now: float, pinned: Callable[[str], bool]) -> int:
         examined = 0
@@ -95,5 +90,4 @@ class MemoryStore:
         return {
             "tombstones": len(self._tombstones),
             "watermarks": len(self._watermarks),
-            "active_member_sets": len(self._members),
         }

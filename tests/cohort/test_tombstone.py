@@ -123,3 +123,17 @@ def test_retained_tombstones_leave_nothing_for_the_cyclic_gc_to_walk() -> None:
     assert added < 20, f"{added} tracked objects for 2,000 retained tombstones"
     found = store.tombstone(CohortKey("g-7", None, 0), 2.0)
     assert found is not None and found.outcome == outcome and found.digests == digests
+
+
+def test_comparisons_by_member_equals_comparisons_of_for_every_member() -> None:
+    from genrm_grpc.cohort.model import comparisons_by_member, comparisons_of
+    from genrm_grpc.scoring import judge_passes
+    from genrm_grpc.scoring.types import JudgedPair, Verdict
+
+    for n in range(1, 9):
+        for strategy in ("circular", "all_pairs"):
+            judged = tuple(
+                JudgedPair(i, j, k, Verdict(float(i), float(j), 3.5))
+                for i, j, k in judge_passes(n, strategy, 2)  # type: ignore[arg-type]
+            )
+            assert comparisons_by_member(n, judged) == [comparisons_of(k, judged) for k in range(n)]

@@ -36,6 +36,8 @@ REASONS = {
     grpc.StatusCode.ALREADY_EXISTS: {"SLOT_CONFLICT"},
     grpc.StatusCode.ABORTED: {"COHORT_FAILED"},
     grpc.StatusCode.UNAVAILABLE: {"JUDGE_FAILED"},  # Compare only
+    grpc.StatusCode.DEADLINE_EXCEEDED: {"CALL_WAIT_EXPIRED"},  # a call without a deadline
+    grpc.StatusCode.NOT_FOUND: {"COHORT_NOT_FOUND"},  # GetCohort only
 }
 METADATA_KEYS = {"groupId", "groupAttempt", "rolloutIndex", "latestAttempt"}
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Explain unit testing briefly.")])
@@ -89,7 +91,7 @@ def stream_error(status: status_pb2.Status) -> TypedError:
 
 
 def assert_typed(err: TypedError) -> None:
-    """A refusal of PROTOCOL.md: a known code, exactly one ErrorInfo of our domain."""
+    """A refusal of docs/protocol.md: a known code, exactly one ErrorInfo of our domain."""
     assert err.code in REASONS, f"untyped status {err.code}: {err.message[:300]}"
     assert err.error_infos == 1, f"{err.code} carries {err.error_infos} ErrorInfo"
     assert err.domain == DOMAIN, err

@@ -1,6 +1,6 @@
 """Hostile and malformed requests against a live server (hypothesis).
 
-Every answer must be typed (PROTOCOL.md's codes with exactly one ErrorInfo), a result,
+Every answer must be typed (docs/protocol.md's codes with exactly one ErrorInfo), a result,
 or, for a valid member whose group never fills, our own client deadline; never UNKNOWN
 (an unhandled exception). While the fuzzing runs, a bystander cohort waits and other
 groups complete; afterwards both are checked against ``aggregate`` of their verdicts.
@@ -81,6 +81,10 @@ responses_json = st.one_of(
     json_values.map(json.dumps),  # valid JSON, often not an object
     st.sampled_from(['{"a": NaN}', '{"a": Infinity}', "[-Infinity]", '{"a": 1e999}', "NaN"]),
     st.integers(1, 5000).map(lambda d: "[" * d + "]" * d),  # deep nesting
+    # Around the nesting bound and just below the codec's recursion limit (~980 levels
+    # used to pass json.loads and crash the canonical encoding: UNKNOWN).
+    st.integers(60, 70).map(lambda d: '{"output": ' + "[" * d + "]" * d + "}"),
+    st.integers(900, 1000).map(lambda d: '{"a": ' * d + "1" + "}" * d),
     st.just('{"output": "\\ud800"}'),  # a lone surrogate, valid JSON
 )
 candidates = st.builds(
@@ -106,7 +110,12 @@ group_ids = st.one_of(
     st.just(""),
     st.just("   "),
     st.just("fz:" + "g" * 600),
+    st.just("fz:" + "😀" * 511),  # valid (512 characters), 2 KiB echoed whole
+    st.integers(513, 20_000).map(lambda n: "fz:" + "é" * n),  # over-long, non-ASCII
     st.text(max_size=12).map(lambda t: "fz:" + t),
+)
+prompt_ids = st.one_of(
+    st.text(max_size=12), st.just("p" * 512), st.integers(513, 20_000).map(lambda n: "p" * n)
 )
 
 
@@ -123,7 +132,7 @@ def member_refs(draw: st.DrawFn) -> pb.MemberRef:
             st.one_of(st.integers(0, 9), st.just(4096), st.just(4097), st.just(UINT32_MAX)),
         ),
         ("task_index", INT64),
-        ("prompt_id", st.text(max_size=12)),
+        ("prompt_id", prompt_ids),
     ):
         value = draw(st.none() | strategy)
         if value is not None:
@@ -247,7 +256,7 @@ async def send_bytes(live: LiveServer, method: str, raw: bytes, message: type) -
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and decodable:
             return  # a valid member waiting for its group
         if not decodable:
-            # Not a message at all: a malformed message is INVALID_ARGUMENT (PROTOCOL.md);
+            # Not a message at all: a malformed message is INVALID_ARGUMENT (docs/protocol.md);
             # gRPC's own INTERNAL for undecodable bytes is tolerated. Never UNKNOWN.
             assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL), (
                 f"{method}: undecodable bytes answered {code}: {exc.details()}"
@@ -260,7 +269,11 @@ async def send_bytes(live: LiveServer, method: str, raw: bytes, message: type) -
 
 @pytest.mark.parametrize(
     ("method", "message"),
-    [("SubmitMember", pb.SubmitMemberRequest), ("Compare", pb.CompareRequest)],
+    [
+        ("SubmitMember", pb.SubmitMemberRequest),
+        ("Compare", pb.CompareRequest),
+        ("GetCohort", pb.GetCohortRequest),
+    ],
 )
 def test_random_bytes_get_typed_errors_never_unknown(
     live: LiveServer, method: str, message: type
@@ -296,3 +309,25 @@ def test_hostile_compare_requests_are_typed_or_scored_correctly(live: LiveServer
         live.run(compare(live, pb.CompareRequest(prompt=prompt, candidates=cands)))
 
     around_bystander(live, "compare", check)
+
+
+async def get_cohort(live: LiveServer, request: pb.GetCohortRequest) -> None:
+    assert live.stub is not None
+    try:
+        response = await live.stub.GetCohort(request, timeout=10)
+    except grpc.RpcError as exc:
+        err = call_error(exc)
+        assert_typed(err)
+        assert all(len(v.encode()) <= 512 for v in err.metadata.values()), err.metadata
+        assert len(err.message.encode()) <= 1024
+        return
+    assert response.cohort.key
+
+
+def test_hostile_get_cohort_requests_are_typed_and_fit_the_trailers(live: LiveServer) -> None:
+    @FUZZ
+    @given(ref=member_refs(), prompt=prompts)
+    def check(ref: pb.MemberRef, prompt: pb.Prompt) -> None:
+        live.run(get_cohort(live, pb.GetCohortRequest(member=ref, prompt=prompt)))
+
+    around_bystander(live, "get-cohort", check)

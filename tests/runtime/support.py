@@ -153,6 +153,7 @@ def make_runtime(
     scoring: ScoringParams | None = None,
     mode: ComparisonMode = "rollout_cohort",
     position_debias: bool = False,
+    max_queued_compare_passes: int = 4096,
 ) -> CohortRuntime:
     store = MemoryStore(ttl_s=3600.0, max_records=4096)
     registry = CohortRegistry(
@@ -169,6 +170,7 @@ def make_runtime(
         judge_max_concurrency=concurrency,
         scoring=scoring or ScoringParams(),
         position_debias=position_debias,
+        max_queued_compare_passes=max_queued_compare_passes,
     )
     return CohortRuntime(registry, judge, config, clock=clock)
 
@@ -209,4 +211,3 @@ async def assert_no_leaks(
     if judge is not None:
         assert judge.in_flight == 0
         assert not judge.blocked()
-    assert runtime.registry.store.counts()["active_member_sets"] == 0

@@ -127,14 +127,14 @@ async def test_sigterm_drains_fails_waiting_members_and_exits_zero(server_proces
         assert (await watch.read()).status == NOT_SERVING
         watch.cancel()
 
-        # Draining: the probe fails, new cohorts are refused as UNAVAILABLE (retry
-        # elsewhere), while the evaluating cohort still has its grace period.
+        # Draining: the server sent GOAWAY and closed its listener, so the probe fails
+        # and new calls are refused as UNAVAILABLE (retry the same call elsewhere),
+        # while the evaluating cohort still has its grace period.
         code, out = await _health_cli("--target", target)
-        assert code == 1 and "NOT_SERVING" in out
+        assert code == 1 and "UNAVAILABLE" in out
         with pytest.raises(grpc.RpcError) as refused:
             await cohorts.SubmitMember(_member("late", 0), timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert _reason(_rpc_status(refused.value)) == "SHUTTING_DOWN"
         assert proc.poll() is None
 
         # Releasing the hung judge requests ends the evaluation (masked: the judge
@@ -156,6 +156,57 @@ async def test_sigterm_drains_fails_waiting_members_and_exits_zero(server_proces
     assert proc.stderr is not None
     log = proc.stderr.read()
     assert '"msg": "draining"' in log and '"msg": "stopped"' in log
+
+
+async def test_a_second_sigterm_during_the_drain_ends_the_grace_and_exits_zero(
+    server_process: Any,
+) -> None:
+    """Repeated signals never kill the drain: the second one ends the grace period now,
+    every waiting call gets a typed status, and the exit code is 0."""
+    proc, target, _judge = server_process
+    async with grpc.aio.insecure_channel(target) as channel:
+        cohorts = pb_grpc.CohortServiceStub(channel)
+        evaluating = cohorts.StreamGroups()
+        for k in range(2):
+            await evaluating.write(pb.StreamGroupsRequest(member=_member("eval", k)))
+        await _next(evaluating, "accepted")
+        await _next(evaluating, "accepted")
+        await evaluating.done_writing()
+        collecting = cohorts.StreamGroups()
+        await collecting.write(pb.StreamGroupsRequest(member=_member("open", 0)))
+        await _next(collecting, "accepted")
+        await collecting.done_writing()
+        # Unary waiters on both cohorts (identical resends: they attach).
+        unary = [
+            asyncio.ensure_future(cohorts.SubmitMember(_member(group, 0), timeout=120))
+            for group in ("eval", "open", "eval")
+        ]
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+        assert (await watch.read()).status == SERVING
+        proc.send_signal(signal.SIGTERM)
+        assert (await watch.read()).status == NOT_SERVING  # the drain has started
+        watch.cancel()
+        # The judge hangs and the grace is 300 s: only the second signal ends the drain.
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)  # and a third: still idempotent
+
+        for call, members in ((evaluating, 2), (collecting, 1)):
+            for _ in range(members):
+                error = await _next(call, "error")
+                assert error.status.code == grpc.StatusCode.ABORTED.value[0]
+                assert _reason(error.status) == "COHORT_FAILED"
+                assert "server is shutting down" in error.status.message
+        for waiting in unary:
+            with pytest.raises(grpc.RpcError) as aborted:
+                await waiting
+            assert aborted.value.code() == grpc.StatusCode.ABORTED
+            assert _reason(_rpc_status(aborted.value)) == "COHORT_FAILED"
+
+    assert await asyncio.to_thread(proc.wait, 60) == 0
+    assert proc.stderr is not None
+    log = proc.stderr.read()
+    assert '"msg": "stopped"' in log and "second signal" in log
+    assert "Traceback" not in log
 
 
 async def test_health_command_fails_when_nothing_serves() -> None:
