@@ -1,7 +1,7 @@
 """Interceptors that every server installs, whatever its configuration.
 
 :class:`UndecodableRequestInterceptor` turns request bytes that are not a valid protobuf
-message into ``INVALID_ARGUMENT`` / ``INVALID_MEMBER`` with ErrorInfo (PROTOCOL.md:
+message into ``INVALID_ARGUMENT`` / ``INVALID_MEMBER`` with ErrorInfo (docs/protocol.md:
 "malformed message"). Left to grpcio, a deserializer's ``DecodeError`` surfaces as
 ``UNKNOWN``, which clients cannot tell from a server bug.
 """

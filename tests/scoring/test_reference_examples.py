@@ -1,7 +1,8 @@
 """Hand-computed groups with every bonus and penalty switched on.
 
 Each expected value below was derived step by step from the semantics of NeMo Gym's
-``genrm_compare`` (as restated in SCORING.md), not by running any implementation:
+``genrm_compare`` (as documented in ``genrm_grpc/scoring/aggregate.py``), not by
+running any implementation:
 
 1. base = mean of each member's scores over its verdicts, after the tie rule
    (equal scores: first += 3.5 - ranking, second -= 3.5 - ranking);
