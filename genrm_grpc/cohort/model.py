@@ -65,22 +65,45 @@ class CandidateSpec:
     digest: str
 
 
+#: The principal of every caller when neither a bearer token nor a client certificate
+#: names one (a server without auth has exactly this one principal).
+ANONYMOUS = ""
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class CohortKey:
-    """Identity of one cohort: an explicit group attempt, or a legacy key plus attempt."""
+    """Identity of one cohort: an explicit group attempt, or a legacy key plus attempt.
+
+    Every key belongs to a ``principal`` (the authenticated caller): two principals that
+    use the same ``group_id`` never share a cohort, a watermark or a tombstone.
+    """
 
     group_id: str | None
     legacy_key: str | None
     attempt: int
+    principal: str = ANONYMOUS
 
     @property
     def explicit(self) -> bool:
         return self.group_id is not None
 
+    @property
+    def group_scope(self) -> str | None:
+        """The principal's group: what watermarks and supersession are keyed by."""
+        if self.group_id is None:
+            return None
+        return group_scope(self.principal, self.group_id)
+
     def __str__(self) -> str:
+        owner = f"@{self.principal}" if self.principal else ""
         if self.group_id is not None:
-            return f"g:{self.group_id}#{self.attempt}"
-        return f"legacy:{self.legacy_key}#{self.attempt}"
+            return f"g:{self.group_id}#{self.attempt}{owner}"
+        return f"legacy:{self.legacy_key}#{self.attempt}{owner}"
+
+
+def group_scope(principal: str, group_id: str) -> str:
+    """One string per (principal, group_id); the length prefix makes it unambiguous."""
+    return f"{len(principal)}:{principal}{group_id}"
 
 
 @dataclass(frozen=True, slots=True)
