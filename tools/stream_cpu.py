@@ -97,6 +97,9 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=16)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--serve-arg", action="append", default=[], help="extra `genrm-grpc serve` argument"
+    )
     args = parser.parse_args()
     figures: dict[str, list[float]] = {"unary": [], "stream": []}
     with (
@@ -111,6 +114,7 @@ def main() -> None:
                 url,
                 "--log-level",
                 "WARNING",
+                *args.serve_arg,
             ],
             "genrm-grpc serving on",
         ) as (pid, target),

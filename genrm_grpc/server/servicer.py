@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -194,11 +194,11 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
 
     async def StreamGroups(
         self, request_iterator: AsyncIterator[pb.StreamGroupsRequest], context: Context
-    ) -> AsyncIterator[pb.StreamGroupsResponse]:
+    ) -> None:
         stream = _GroupStream(self, request_iterator, context.peer(), self.principal(context))
         self.open_streams.add(stream)
-        async for event in stream.events():
-            yield event
+        # Written straight to the call (no async-generator layers per event).
+        await stream.run(context.write)
 
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
         refusal = self._compare_refusal(request)
@@ -579,7 +579,8 @@ class _GroupStream:
             self._reading = False
             self._wake.set()
 
-    async def events(self) -> AsyncIterator[pb.StreamGroupsResponse]:
+    async def run(self, write: Callable[[pb.StreamGroupsResponse], Awaitable[None]]) -> None:
+        """Write events as the client takes them until every outcome is out (or it leaves)."""
         reader = asyncio.create_task(self._read())
         limit = self._limits.max_buffered_events
         out = self._out
@@ -589,7 +590,7 @@ class _GroupStream:
                     event = out.popleft()
                     if len(out) < limit and not self._room.is_set():
                         self._room.set()
-                    yield event
+                    await write(event)
                     continue
                 if reader.done() and not self._held:
                     reader.result()  # re-raise a broken request stream

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -165,3 +166,20 @@ async def test_streams_of_one_connection_share_the_connection_byte_bound(
         )
         first.cancel()
         second.cancel()
+
+
+async def test_members_held_by_a_stream_cost_no_task_each(start_server: StartServer) -> None:
+    server, _ = await start_server()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        call = pb_grpc.CohortServiceStub(channel).StreamGroups(timeout=STREAM_TIMEOUT)
+        await call.write(_request(member(0, group="first", size=2)))
+        assert (await call.read()).WhichOneof("event") == "accepted"
+        before = len(asyncio.all_tasks())
+        for g in range(200):  # groups that stay incomplete: every member is held
+            await call.write(_request(member(0, group=f"held-{g}", size=2)))
+            assert (await call.read()).WhichOneof("event") == "accepted"
+        # The server shares this event loop: its tasks did not grow with the members held.
+        assert len(asyncio.all_tasks()) - before < 10
+        stream = _only_stream(server)
+        assert stream.held_members == 201 and stream.groups_held == 201
+        call.cancel()
