@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import hashlib
 import os
 import pathlib
+import re
 import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -41,6 +43,10 @@ from genrm_grpc.scoring.types import ScoringParams
 # Every deadline must be finite and > 0: null, 0, negatives, NaN and ∞ are refused.
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+#: What a member held by a StreamGroups stream costs beyond its wire bytes (cohort entry,
+#: waiter, digests): charged against the stream's and the connection's byte bounds.
+STREAM_MEMBER_OVERHEAD_BYTES = 1024
 
 DEFAULT_PRINCIPLE = (
     "The response should be helpful, relevant, accurate and complete, follow the user's "
@@ -102,9 +108,21 @@ class TlsSettings(BaseModel):
         return self
 
 
-class AuthSettings(BaseModel):
-    """Bearer tokens accepted from clients: a file (one per line) or an env var (commas).
+#: A principal named in a tokens file or variable: a short name without spaces or colons.
+PRINCIPAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@/+=-]{0,127}")
 
+
+def token_principal(token: str) -> str:
+    """The stable principal of a token listed without a name: a hash, never the token."""
+    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+class AuthSettings(BaseModel):
+    """Bearer tokens accepted from clients, each naming a principal.
+
+    A file holds one ``principal:token`` per line, an env var comma-separated
+    ``principal:token`` entries. An entry without ``principal:`` (the old one-token
+    format) belongs to the principal ``token-<16 hex digits of the token's SHA-256>``.
     Only where the tokens live is configuration; the tokens themselves never are, so they
     never end up in a YAML file, a flag, ``ps`` output or a log line.
     """
@@ -118,11 +136,15 @@ class AuthSettings(BaseModel):
     def _one_source_with_tokens(self) -> AuthSettings:
         if (self.tokens_file is None) == (self.tokens_env is None):
             raise ValueError("auth needs exactly one of tokens_file and tokens_env")
-        self.tokens()  # fail at start-up, not at the first call
+        self.principals()  # fail at start-up, not at the first call
         return self
 
     def tokens(self) -> tuple[str, ...]:
         """The accepted tokens (read now, so a rotated file is picked up on restart)."""
+        return tuple(self.principals())
+
+    def principals(self) -> dict[str, str]:
+        """Every accepted token → its principal (read now; errors never quote a token)."""
         if self.tokens_file is not None:
             try:
                 text = pathlib.Path(self.tokens_file).read_text()
@@ -130,21 +152,32 @@ class AuthSettings(BaseModel):
                 raise ValueError(
                     f"cannot read auth.tokens_file {self.tokens_file}: {exc}"
                 ) from None
-            raw = [line.strip() for line in text.splitlines()]
-            raw = [t for t in raw if t and not t.startswith("#")]
+            entries = [(f"line {n}", line.strip()) for n, line in enumerate(text.splitlines(), 1)]
+            entries = [(w, e) for w, e in entries if e and not e.startswith("#")]
             source = f"auth.tokens_file {self.tokens_file}"
         else:
             assert self.tokens_env is not None
             raw = [t.strip() for t in os.environ.get(self.tokens_env, "").split(",")]
-            raw = [t for t in raw if t]
+            entries = [(f"entry {n}", t) for n, t in enumerate(raw, 1) if t]
             source = f"auth.tokens_env {self.tokens_env!r}"
-        if not raw:
+        if not entries:
             raise ValueError(f"{source} holds no token")
-        for token in raw:
+        principals: dict[str, str] = {}
+        for where, entry in entries:
+            name, sep, token = entry.partition(":")
+            if not sep:
+                name, token = token_principal(entry), entry
+            elif not PRINCIPAL_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{source} {where}: the principal before ':' must be 1-128 characters "
+                    "of letters, digits and ._@/+=- (starting with a letter or digit)"
+                )
             # Tokens travel in an HTTP/2 header: printable ASCII without spaces.
-            if not token.isascii() or not token.isprintable() or " " in token:
-                raise ValueError(f"{source}: tokens must be printable ASCII without spaces")
-        return tuple(raw)
+            if not token or not token.isascii() or not token.isprintable() or " " in token:
+                raise ValueError(f"{source} {where}: tokens must be printable ASCII without spaces")
+            if principals.setdefault(token, name) != name:
+                raise ValueError(f"{source} {where}: the same token is listed for two principals")
+        return principals
 
 
 class TracingSettings(BaseModel):
@@ -256,6 +289,12 @@ class Settings(BaseSettings):
     max_prompt_messages: Annotated[int, Field(ge=1)] = 1024
     max_text_chars: Annotated[int, Field(ge=1)] = 1024 * 1024
     max_compare_candidates: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)] = 64
+    # --- StreamGroups bounds and per-principal quotas (docs/security.md)
+    stream_max_buffered_events: Annotated[int, Field(ge=1)] = 1024
+    stream_max_held_bytes: Annotated[int, Field(ge=1)] = 256 * 1024 * 1024
+    connection_max_held_bytes: Annotated[int, Field(ge=1)] = 1024 * 1024 * 1024
+    max_active_cohorts_per_principal: Annotated[int, Field(ge=1)] | None = None
+    max_compare_passes_per_principal: Annotated[int, Field(ge=1)] | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
 
@@ -268,6 +307,19 @@ class Settings(BaseSettings):
     @classmethod
     def _metrics_listen_has_port(cls, value: str | None) -> str | None:
         return None if value is None else _host_port(value, "metrics_listen")
+
+    @model_validator(mode="after")
+    def _one_member_fits_the_stream_bounds(self) -> Settings:
+        # A stream that holds nothing must always be able to take one member.
+        for name in ("stream_max_held_bytes", "connection_max_held_bytes"):
+            if getattr(self, name) < self.max_message_bytes + STREAM_MEMBER_OVERHEAD_BYTES:
+                raise ValueError(
+                    f"{name} must be at least max_message_bytes + "
+                    f"{STREAM_MEMBER_OVERHEAD_BYTES} (one member and its bookkeeping)"
+                )
+        if self.stream_max_held_bytes > self.connection_max_held_bytes:
+            raise ValueError("stream_max_held_bytes must not exceed connection_max_held_bytes")
+        return self
 
     @model_validator(mode="after")
     def _default_group_fits(self) -> Settings:

@@ -69,22 +69,45 @@ class CandidateSpec:
     digest: str
 
 
+#: The principal of every caller when neither a bearer token nor a client certificate
+#: names one (a server without auth has exactly this one principal).
+ANONYMOUS = ""
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class CohortKey:
-    """Identity of one cohort: an explicit group attempt, or a legacy key plus attempt."""
+    """Identity of one cohort: an explicit group attempt, or a legacy key plus attempt.
+
+    Every key belongs to a ``principal`` (the authenticated caller): two principals that
+    use the same ``group_id`` never share a cohort, a watermark or a tombstone.
+    """
 
     group_id: str | None
     legacy_key: str | None
     attempt: int
+    principal: str = ANONYMOUS
 
     @property
     def explicit(self) -> bool:
         return self.group_id is not None
 
+    @property
+    def group_scope(self) -> str | None:
+        """The principal's group: what watermarks and supersession are keyed by."""
+        if self.group_id is None:
+            return None
+        return group_scope(self.principal, self.group_id)
+
     def __str__(self) -> str:
+        owner = f"@{self.principal}" if self.principal else ""
         if self.group_id is not None:
-            return f"g:{self.group_id}#{self.attempt}"
-        return f"legacy:{self.legacy_key}#{self.attempt}"
+            return f"g:{self.group_id}#{self.attempt}{owner}"
+        return f"legacy:{self.legacy_key}#{self.attempt}{owner}"
+
+
+def group_scope(principal: str, group_id: str) -> str:
+    """One string per (principal, group_id); the length prefix makes it unambiguous."""
+    return f"{len(principal)}:{principal}{group_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +452,7 @@ class Tombstone:
                 key.group_id,
                 key.legacy_key,
                 key.attempt,
+                key.principal,
                 self.group_size,
                 self.prompt_digest,
                 self.finished_at,
@@ -440,13 +464,13 @@ class Tombstone:
     @classmethod
     def from_record(cls, record: bytes) -> Tombstone:
         """The tombstone that ``record()`` packed."""
-        version, gid, legacy, attempt, size, prompt, finished, digests, kind, *rest = marshal.loads(
-            record
+        (version, gid, legacy, attempt, principal, size, prompt, finished, digests, kind, *rest) = (
+            marshal.loads(record)
         )
         if version != _RECORD_VERSION:
             raise ValueError(f"unknown tombstone record version {version}")
         self = cls.__new__(cls)
-        self.key = CohortKey(group_id=gid, legacy_key=legacy, attempt=attempt)
+        self.key = CohortKey(gid, legacy, attempt, principal)
         self.group_size = size
         self.prompt_digest = prompt
         self.finished_at = finished

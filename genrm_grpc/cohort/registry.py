@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from genrm_grpc.cohort.identity import coords_metadata
 from genrm_grpc.cohort.model import (
+    ANONYMOUS,
     LEGACY_RETRY_ADVICE,
     MAX_FAILURE_REASON,
     Cohort,
@@ -35,6 +36,7 @@ from genrm_grpc.cohort.model import (
     Tombstone,
     clip,
     clip_reason,
+    group_scope,
 )
 from genrm_grpc.store.base import CohortStore
 
@@ -46,6 +48,8 @@ class RegistryConfig:
     collection_timeout_s: float = 1800.0
     evaluation_timeout_s: float = 3600.0
     max_active_cohorts: int = 10_000
+    #: Active cohorts one principal may hold (None: only ``max_active_cohorts`` applies).
+    max_active_cohorts_per_principal: int | None = None
 
 
 class Disposition(enum.Enum):
@@ -75,8 +79,10 @@ class CohortRegistry:
         self.config = config
         self.store = store
         self._active: dict[CohortKey, Cohort] = {}
-        # group_id → attempts with an active cohort; makes supersession O(attempts).
+        # group scope (principal + group_id) → attempts with an active cohort; makes
+        # supersession O(attempts).
         self._active_by_group: dict[str, dict[int, Cohort]] = {}
+        self._active_by_principal: dict[str, int] = {}
         self._seq = 0
         self._draining = False
         self._warned_missing_attempt = False
@@ -96,8 +102,8 @@ class CohortRegistry:
     def active_cohorts(self) -> list[Cohort]:
         return list(self._active.values())
 
-    def latest_attempt(self, group_id: str, now: float) -> int | None:
-        return self.store.watermark(group_id, now)
+    def latest_attempt(self, group_id: str, now: float, principal: str = ANONYMOUS) -> int | None:
+        return self.store.watermark(group_scope(principal, group_id), now)
 
     # ------------------------------------------------------------------ events
     def submit(self, sub: Submission, now: float) -> SubmitDecision:
@@ -107,8 +113,9 @@ class CohortRegistry:
             self._warn_missing_attempt(sub)
         ended: list[Cohort] = []
         key = sub.key
-        if key.group_id is not None:
-            latest = self.store.watermark(key.group_id, now)
+        scope = key.group_scope
+        if key.group_id is not None and scope is not None:
+            latest = self.store.watermark(scope, now)
             if latest is not None and key.attempt < latest:
                 return self._reject(
                     Reason.ATTEMPT_SUPERSEDED,
@@ -120,7 +127,7 @@ class CohortRegistry:
             if latest is None or key.attempt > latest:
                 # A new attempt of a known group must answer the same prompt at the same
                 # size; it is checked (and capacity too) before it supersedes anything.
-                reference = self._group_reference(key.group_id, latest, now)
+                reference = self._group_reference(key, latest, now)
                 if reference is not None and (
                     reference.prompt_digest != sub.prompt_digest
                     or reference.group_size != sub.group_size
@@ -128,11 +135,13 @@ class CohortRegistry:
                     return self._mismatch(sub, reference.group_size, reference.prompt_digest)
                 if self._draining and self._active.get(key) is None:
                     return self._shutting_down(sub)
-                older = len(self._active_by_group.get(key.group_id, ()))
+                older = len(self._active_by_group.get(scope, ()))
                 if len(self._active) - older >= self.config.max_active_cohorts:
                     return self._capacity_exhausted(sub)
-                ended = self._supersede(key.group_id, key.attempt, now)
-                self.store.raise_watermark(key.group_id, key.attempt, now)
+                if self._over_principal_quota(key.principal, older):
+                    return self._principal_quota_exhausted(sub)
+                ended = self._supersede(key, now)
+                self.store.raise_watermark(scope, key.attempt, now)
 
         cohort = self._active.get(key)
         if (
@@ -227,6 +236,8 @@ class CohortRegistry:
             return self._shutting_down(sub)
         if len(self._active) >= self.config.max_active_cohorts:
             return self._capacity_exhausted(sub)
+        if self._over_principal_quota(sub.key.principal, 0):
+            return self._principal_quota_exhausted(sub)
         self._seq += 1
         cohort = Cohort(
             key=sub.key,
@@ -238,8 +249,11 @@ class CohortRegistry:
             collection_deadline=now + self.config.collection_timeout_s,
         )
         self._active[sub.key] = cohort
-        if sub.key.group_id is not None:
-            self._active_by_group.setdefault(sub.key.group_id, {})[sub.key.attempt] = cohort
+        principal = sub.key.principal
+        self._active_by_principal[principal] = self._active_by_principal.get(principal, 0) + 1
+        scope = sub.key.group_scope
+        if scope is not None:
+            self._active_by_group.setdefault(scope, {})[sub.key.attempt] = cohort
         return self._accept(cohort, sub, now)
 
     def _submit_terminal(self, tomb: Tombstone, sub: Submission) -> SubmitDecision:
@@ -271,8 +285,10 @@ class CohortRegistry:
             frozen = True
         return SubmitDecision(Disposition.ACCEPTED, cohort=cohort, frozen=frozen)
 
-    def _supersede(self, group_id: str, attempt: int, now: float) -> list[Cohort]:
-        older = self._active_by_group.get(group_id)
+    def _supersede(self, key: CohortKey, now: float) -> list[Cohort]:
+        group_id, attempt = key.group_id, key.attempt
+        scope = key.group_scope
+        older = self._active_by_group.get(scope) if scope is not None else None
         if not older:
             return []
         ended = []
@@ -287,15 +303,16 @@ class CohortRegistry:
         return ended
 
     def _group_reference(
-        self, group_id: str, latest: int | None, now: float
+        self, key: CohortKey, latest: int | None, now: float
     ) -> Cohort | Tombstone | None:
         """An active or the newest terminal cohort of the group, to compare prompts with."""
-        attempts = self._active_by_group.get(group_id)
+        scope = key.group_scope
+        attempts = self._active_by_group.get(scope) if scope is not None else None
         if attempts:
             return next(iter(attempts.values()))
         if latest is None:
             return None
-        return self.store.tombstone(CohortKey(group_id, None, latest), now)
+        return self.store.tombstone(CohortKey(key.group_id, None, latest, key.principal), now)
 
     def _collection_expired(self, cohort: Cohort) -> Failed:
         missing = [i for i in range(cohort.group_size) if i not in cohort.members]
@@ -311,8 +328,14 @@ class CohortRegistry:
         """Make a cohort terminal: record its outcome, leave a tombstone, drop its bodies."""
         cohort.outcome = outcome
         cohort.phase = Phase.FAILED if isinstance(outcome, Failed) else Phase.COMPLETED
-        self._active.pop(cohort.key, None)
-        gid = cohort.key.group_id
+        if self._active.pop(cohort.key, None) is not None:
+            principal = cohort.key.principal
+            left = self._active_by_principal[principal] - 1
+            if left:
+                self._active_by_principal[principal] = left
+            else:
+                del self._active_by_principal[principal]
+        gid = cohort.key.group_scope
         if gid is not None:
             attempts = self._active_by_group.get(gid)
             if attempts is not None:
@@ -396,6 +419,21 @@ class CohortRegistry:
             f"the server holds max_active_cohorts={self.config.max_active_cohorts} active "
             "cohorts; retry later",
             sub,
+        )
+
+    def _over_principal_quota(self, principal: str, superseded: int) -> bool:
+        quota = self.config.max_active_cohorts_per_principal
+        if quota is None:
+            return False
+        return self._active_by_principal.get(principal, 0) - superseded >= quota
+
+    def _principal_quota_exhausted(self, sub: Submission) -> SubmitDecision:
+        return self._reject(
+            Reason.CAPACITY_EXHAUSTED,
+            f"principal {sub.key.principal!r} holds max_active_cohorts_per_principal="
+            f"{self.config.max_active_cohorts_per_principal} active cohorts; retry later",
+            sub,
+            principal=sub.key.principal,
         )
 
     def _shutting_down(self, sub: Submission) -> SubmitDecision:

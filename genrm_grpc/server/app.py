@@ -30,8 +30,8 @@ from genrm_grpc.runtime.engine import CohortRuntime, RuntimeConfig
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.documented_reflection import enable_documented_reflection
 from genrm_grpc.server.interceptors import UndecodableRequestInterceptor
-from genrm_grpc.server.security import TokenAuthInterceptor, server_credentials
-from genrm_grpc.server.servicer import CohortServicer
+from genrm_grpc.server.security import Principals, TokenAuthInterceptor, server_credentials
+from genrm_grpc.server.servicer import CohortServicer, StreamLimits
 from genrm_grpc.store.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -180,6 +180,7 @@ class CohortServer:
                 collection_timeout_s=settings.cohort_collection_timeout_s,
                 evaluation_timeout_s=settings.cohort_evaluation_timeout_s,
                 max_active_cohorts=settings.max_active_cohorts,
+                max_active_cohorts_per_principal=settings.max_active_cohorts_per_principal,
             ),
             store,
         )
@@ -212,26 +213,34 @@ class CohortServer:
         # Last: the innermost, so a refused caller learns nothing from undecodable bytes.
         interceptors.append(UndecodableRequestInterceptor())
         self.server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
-        pb_grpc.add_CohortServiceServicer_to_server(
-            CohortServicer(
-                self.runtime,
-                default_group_size=settings.num_rollouts_per_prompt,
-                mode=settings.comparison_mode,
-                max_message_bytes=settings.max_message_bytes,
-                max_call_wait_s=settings.max_call_wait_s,
-                bounds=FieldBounds(
-                    max_group_size=settings.max_group_size,
-                    max_prompt_messages=settings.max_prompt_messages,
-                    max_text_chars=settings.max_text_chars,
-                    max_compare_candidates=settings.max_compare_candidates,
-                    max_judge_passes_per_cohort=settings.max_judge_passes_per_cohort,
-                    passes=settings.pass_plan(),
-                ),
-                observer=self.metrics,
-                tracer=self.tracing,
+        self.servicer = CohortServicer(
+            self.runtime,
+            default_group_size=settings.num_rollouts_per_prompt,
+            mode=settings.comparison_mode,
+            max_message_bytes=settings.max_message_bytes,
+            max_call_wait_s=settings.max_call_wait_s,
+            bounds=FieldBounds(
+                max_group_size=settings.max_group_size,
+                max_prompt_messages=settings.max_prompt_messages,
+                max_text_chars=settings.max_text_chars,
+                max_compare_candidates=settings.max_compare_candidates,
+                max_judge_passes_per_cohort=settings.max_judge_passes_per_cohort,
+                passes=settings.pass_plan(),
             ),
-            self.server,
+            observer=self.metrics,
+            tracer=self.tracing,
+            stream_limits=StreamLimits(
+                max_buffered_events=settings.stream_max_buffered_events,
+                max_held_bytes=settings.stream_max_held_bytes,
+                max_connection_held_bytes=settings.connection_max_held_bytes,
+            ),
+            principals=Principals(
+                settings.auth.principals() if settings.auth is not None else None,
+                certificates=settings.tls is not None and settings.tls.client_ca_file is not None,
+            ),
+            max_compare_passes_per_principal=settings.max_compare_passes_per_principal,
         )
+        pb_grpc.add_CohortServiceServicer_to_server(self.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         # Reflection that also serves the proto comments (grpcurl describe shows them).

@@ -4,6 +4,10 @@
 message into ``INVALID_ARGUMENT`` / ``INVALID_MEMBER`` with ErrorInfo (docs/protocol.md:
 "malformed message"). Left to grpcio, a deserializer's ``DecodeError`` surfaces as
 ``UNKNOWN``, which clients cannot tell from a server bug.
+
+On a StreamGroups stream an undecodable message is one bad member, not a bad stream:
+it is handed to the handler (see :func:`is_undecodable`), which answers it with a
+``MemberError`` and goes on reading.
 """
 
 from __future__ import annotations
@@ -25,6 +29,15 @@ class _Undecodable:
 
     def __init__(self, error: DecodeError) -> None:
         self.error = error
+
+
+#: Request streams whose handler answers an undecodable message itself (per member).
+MEMBERWISE_STREAMS = frozenset({"/genrm.cohort.v1.CohortService/StreamGroups"})
+
+
+def is_undecodable(request: object) -> bool:
+    """True for the stand-in of a streamed request whose bytes did not decode."""
+    return isinstance(request, _Undecodable)
 
 
 def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
@@ -63,18 +76,19 @@ class UndecodableRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore
         }
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                _guard(method, handler.unary_unary, streaming=False), **kwargs
+                _guard(method, handler.unary_unary, check_stream=False), **kwargs
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                _guard(method, handler.unary_stream, streaming=False), **kwargs
+                _guard(method, handler.unary_stream, check_stream=False), **kwargs
             )
         if handler.stream_unary is not None:
             return grpc.stream_unary_rpc_method_handler(
-                _guard(method, handler.stream_unary, streaming=True), **kwargs
+                _guard(method, handler.stream_unary, check_stream=True), **kwargs
             )
         return grpc.stream_stream_rpc_method_handler(
-            _guard(method, handler.stream_stream, streaming=True), **kwargs
+            _guard(method, handler.stream_stream, check_stream=method not in MEMBERWISE_STREAMS),
+            **kwargs,
         )
 
 
@@ -93,14 +107,14 @@ async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield request
 
 
-def _guard(method: str, behavior: Any, *, streaming: bool) -> Any:
+def _guard(method: str, behavior: Any, *, check_stream: bool) -> Any:
     """The handler as a coroutine (streamed responses go out through context.write)."""
 
     async def guarded(request: Any, context: Any) -> Any:
         if isinstance(request, _Undecodable):
             await context.abort_with_status(grpc_status(_rejection(method, request)))
         try:
-            result = behavior(_checked(request) if streaming else request, context)
+            result = behavior(_checked(request) if check_stream else request, context)
             if hasattr(result, "__aiter__"):
                 async for response in result:
                     await context.write(response)

@@ -6,17 +6,22 @@ which stays open so load balancers and kubelet probes need no secret. Reflection
 exempt: it discloses the API, and grpcurl sends ``-H`` headers with reflection requests
 too. Tokens are compared in constant time against every configured token and are never
 logged or echoed in an error.
+
+Authenticated callers are *principals* (:class:`Principals`): a token's principal is named
+in the tokens file, a client certificate's principal is its first subject alternative
+name (else its common name). Every cohort key includes the principal.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
 
+from genrm_grpc.cohort.model import ANONYMOUS
 from genrm_grpc.config import TlsSettings
 from genrm_grpc.server.errors import error_status
 
@@ -91,6 +96,48 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return _denying_handler(handler, why)
 
 
+def _bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    for key, value in metadata or ():
+        if key == "authorization":
+            header = value if isinstance(value, str) else value.decode("latin-1")
+            if header[: len(_SCHEME)].lower() == _SCHEME:
+                return header[len(_SCHEME) :].strip()
+            return None
+    return None
+
+
+class Principals:
+    """Who is calling: the principal of the caller's token, else of its client certificate.
+
+    With bearer tokens on, the token names the principal (the interceptor has already
+    refused calls without a valid token, so the lookup only ever sees valid tokens). Else,
+    with client certificates configured, a verified certificate names it: its first
+    subject alternative name, or its common name when it has none. Everything else is the
+    one anonymous principal.
+    """
+
+    def __init__(self, tokens: Mapping[str, str] | None = None, *, certificates: bool = False):
+        self._tokens = dict(tokens or {})
+        self._certificates = certificates
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._tokens) or self._certificates
+
+    def of(self, context: Any) -> str:
+        if self._tokens:
+            token = _bearer(context.invocation_metadata())
+            principal = self._tokens.get(token) if token is not None else None
+            if principal is not None:
+                return principal
+        if self._certificates:
+            identities = context.peer_identities()
+            if identities:
+                first = next(iter(identities))
+                return first.decode("utf-8", "replace") if isinstance(first, bytes) else first
+        return ANONYMOUS
+
+
 def _denying_handler(handler: Any, why: str) -> Any:
     message = (
         "missing bearer token: send the header 'authorization: Bearer <token>'"
@@ -120,6 +167,7 @@ def _denying_handler(handler: Any, why: str) -> Any:
 __all__ = [
     "OPEN_PREFIXES",
     "UNAUTHENTICATED_REASON",
+    "Principals",
     "TokenAuthInterceptor",
     "server_credentials",
 ]

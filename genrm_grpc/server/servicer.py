@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
-from collections.abc import AsyncIterator
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from genrm_grpc.cohort.identity import (
     ComparisonMode,
@@ -21,7 +27,9 @@ from genrm_grpc.cohort.identity import (
     validate_prompt,
 )
 from genrm_grpc.cohort.model import (
+    ANONYMOUS,
     CandidateSpec,
+    CohortKey,
     Failed,
     MemberCoords,
     Reason,
@@ -29,6 +37,7 @@ from genrm_grpc.cohort.model import (
     Submission,
 )
 from genrm_grpc.cohort.registry import failure_rejection
+from genrm_grpc.config import STREAM_MEMBER_OVERHEAD_BYTES
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.observability.hooks import (
     NullServiceObserver,
@@ -42,15 +51,29 @@ from genrm_grpc.runtime.engine import (
     PairProgress,
     ProgressCallback,
     Ticket,
+    pass_plan,
 )
 from genrm_grpc.server import convert
 from genrm_grpc.server.bounds import FieldBounds
-from genrm_grpc.server.errors import abort, status_proto
+from genrm_grpc.server.errors import DOMAIN, abort, status_proto
+from genrm_grpc.server.interceptors import is_undecodable
+from genrm_grpc.server.security import Principals
 
 log = logging.getLogger(__name__)
 
 # grpcio is untyped: the servicer context is Any to mypy.
 Context: TypeAlias = Any
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """Bounds of one StreamGroups stream and of all streams of one connection."""
+
+    #: Events queued for the client; at the bound the stream stops reading requests.
+    max_buffered_events: int = 1024
+    #: Wire bytes (+ STREAM_MEMBER_OVERHEAD_BYTES each) of members awaiting an outcome.
+    max_held_bytes: int = 256 * 1024 * 1024
+    max_connection_held_bytes: int = 1024 * 1024 * 1024
 
 
 class CohortServicer(pb_grpc.CohortServiceServicer):
@@ -65,6 +88,9 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         bounds: FieldBounds | None = None,
         observer: ServiceObserver | None = None,
         tracer: SubmitTracer | None = None,
+        stream_limits: StreamLimits | None = None,
+        principals: Principals | None = None,
+        max_compare_passes_per_principal: int | None = None,
     ) -> None:
         self._runtime = runtime
         self._group_size = default_group_size
@@ -74,9 +100,23 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self._bounds = bounds
         self._observer: ServiceObserver = observer or NullServiceObserver()
         self._tracer: SubmitTracer = tracer or NullSubmitTracer()
+        self._stream_limits = stream_limits or StreamLimits()
+        self._principals = principals or Principals()
+        self._compare_quota = max_compare_passes_per_principal
+        #: Judge passes of the Compare calls in flight, per principal (no zero entries).
+        self._compare_passes: dict[str, int] = {}
+        #: Bytes held by the StreamGroups streams of each connection (no zero entries).
+        self.held_by_connection: dict[str, int] = {}
+        #: The StreamGroups streams open now (for operators and tests).
+        self.open_streams: weakref.WeakSet[_GroupStream] = weakref.WeakSet()
+
+    def principal(self, context: Context) -> str:
+        return self._principals.of(context) if self._principals.enabled else ANONYMOUS
 
     # ------------------------------------------------------------------ helpers
-    def _submission(self, request: pb.SubmitMemberRequest) -> Submission | Rejection:
+    def _submission(
+        self, request: pb.SubmitMemberRequest, principal: str = ANONYMOUS
+    ) -> Submission | Rejection:
         if request.ByteSize() > self._max_bytes:
             return Rejection(
                 Reason.CAPACITY_EXHAUSTED,
@@ -94,13 +134,16 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
                 "invalid member: member is required",
                 field_violations=(("member", "required"),),
             )
-        return resolve(
+        sub = resolve(
             convert.coords_from_proto(request.member),
             convert.prompt_from_proto(request.prompt),
             convert.candidate_from_proto(request.candidate),
             default_group_size=self._group_size,
             mode=self._mode,
         )
+        if principal and isinstance(sub, Submission):
+            sub = dataclasses.replace(sub, key=dataclasses.replace(sub.key, principal=principal))
+        return sub
 
     def _outcome_to_result(
         self, sub: Submission, ticket: Ticket, outcome: object
@@ -154,7 +197,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
     async def SubmitMember(
         self, request: pb.SubmitMemberRequest, context: Context
     ) -> pb.SubmitMemberResponse:
-        sub = self._submission(request)
+        sub = self._submission(request, self.principal(context))
         if isinstance(sub, Rejection):
             await abort(context, self._rejected(sub))
         ticket = self._submit(sub)
@@ -177,10 +220,11 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
 
     async def StreamGroups(
         self, request_iterator: AsyncIterator[pb.StreamGroupsRequest], context: Context
-    ) -> AsyncIterator[pb.StreamGroupsResponse]:
-        stream = _GroupStream(self, request_iterator)
-        async for event in stream.events():
-            yield event
+    ) -> None:
+        stream = _GroupStream(self, request_iterator, context.peer(), self.principal(context))
+        self.open_streams.add(stream)
+        # Written straight to the call (no async-generator layers per event).
+        await stream.run(context.write)
 
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
         refusal = self._compare_refusal(request)
@@ -188,8 +232,12 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             self._observer.compare_finished("rejected")
             await abort(context, refusal)
         try:
-            async with asyncio.timeout(self._wait_cap(context)):
-                response = await self._compare(request, context)
+            with self._compare_admission(request, self.principal(context)) as quota_refusal:
+                if quota_refusal is not None:
+                    self._observer.compare_finished("rejected")
+                    await abort(context, quota_refusal)
+                async with asyncio.timeout(self._wait_cap(context)):
+                    response = await self._compare(request, context)
         except TimeoutError:
             self._observer.compare_finished("rejected")
             await abort(context, self._wait_expired({}))
@@ -214,6 +262,40 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         if self._bounds is not None:
             return self._bounds.compare(request)
         return None
+
+    @contextlib.contextmanager
+    def _compare_admission(
+        self, request: pb.CompareRequest, principal: str
+    ) -> Iterator[Rejection | None]:
+        """Count the call's judge passes against its principal's in-flight quota.
+
+        A call is admitted when the principal's passes in flight plus its own stay within
+        ``max_compare_passes_per_principal``, or when the principal has none in flight
+        (so that one large Compare is never refused forever).
+        """
+        quota = self._compare_quota
+        if quota is None:
+            yield None
+            return
+        passes = pass_plan(self._runtime.config).pass_count(len(request.candidates))
+        in_flight = self._compare_passes.get(principal, 0)
+        if in_flight and in_flight + passes > quota:
+            yield Rejection(
+                Reason.CAPACITY_EXHAUSTED,
+                f"principal {principal!r} has {in_flight} Compare judge passes in flight; "
+                f"this call needs {passes} more and max_compare_passes_per_principal={quota}",
+                {"principal": principal},
+            )
+            return
+        self._compare_passes[principal] = in_flight + passes
+        try:
+            yield None
+        finally:
+            left = self._compare_passes[principal] - passes
+            if left:
+                self._compare_passes[principal] = left
+            else:
+                del self._compare_passes[principal]
 
     async def _compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
         prompt = convert.prompt_from_proto(request.prompt)
@@ -258,15 +340,18 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             await abort(context, bad_ids)
         registry = self._runtime.registry
         now = self._runtime.now()
+        principal = self.principal(context)  # a caller sees only its own cohorts
         latest = None
         if coords.group_id is not None:
-            latest = registry.latest_attempt(coords.group_id, now)
+            latest = registry.latest_attempt(coords.group_id, now, principal)
             if coords.group_attempt is None and latest is not None:
                 # Operators usually want the newest attempt when they name only the group.
                 coords = MemberCoords(
                     rollout_index=0, group_id=coords.group_id, group_attempt=latest
                 )
         key = resolve_key(coords, prompt_digest(convert.prompt_from_proto(request.prompt)))
+        if principal:
+            key = dataclasses.replace(key, principal=principal)
         cohort = registry.active(key)
         found = cohort if cohort is not None else registry.store.tombstone(key, now)
         if found is None:
@@ -282,27 +367,116 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         )
 
 
+#: ErrorInfo reason of a member whose handling hit a server bug (status INTERNAL).
+INTERNAL_REASON = "INTERNAL"
+
+
+def _internal_status(message: str) -> status_pb2.Status:
+    info = error_details_pb2.ErrorInfo(reason=INTERNAL_REASON, domain=DOMAIN)
+    packed = status_pb2.Status(code=code_pb2.INTERNAL, message=message)
+    packed.details.add().Pack(info)
+    return packed
+
+
+class _Held:
+    """A member of this stream awaiting its outcome."""
+
+    __slots__ = ("cost", "ref", "sub", "ticket")
+
+    def __init__(self, sub: Submission, ticket: Ticket, ref: pb.MemberRef, cost: int) -> None:
+        self.sub = sub
+        self.ticket = ticket
+        self.ref = ref
+        self.cost = cost
+
+
 class _GroupStream:
-    """One StreamGroups call: reads members while results are written back."""
+    """One StreamGroups call: reads members while events are written back.
+
+    Bookkeeping is per member held, never per member seen: a held member is one entry in
+    ``_held`` (keyed by its waiter's future, settled by a done callback, not a task), and
+    a group is one entry in ``_groups`` while this stream holds members of it. A long-lived
+    stream therefore costs what it holds now, not what it carried before.
+
+    Backpressure: events wait in ``_out`` for the writer, which sends them only as fast as
+    the client reads (grpc.aio's write waits for HTTP/2 flow control). When ``_out`` holds
+    ``max_buffered_events`` the reader stops reading requests, so gRPC flow control pushes
+    back on the client's writes. Outcomes of held members and progress are produced by the
+    cohorts, not by reading: outcomes are always queued (there are at most as many as held
+    members, which the byte bounds limit) and progress events are dropped while the buffer
+    is full (progress is informational).
+    """
 
     def __init__(
-        self, servicer: CohortServicer, requests: AsyncIterator[pb.StreamGroupsRequest]
+        self,
+        servicer: CohortServicer,
+        requests: AsyncIterator[pb.StreamGroupsRequest],
+        peer: str,
+        principal: str,
     ) -> None:
         self._servicer = servicer
         self._requests = requests
-        self._queue: asyncio.Queue[pb.StreamGroupsResponse | None] = asyncio.Queue()
-        self._waits: set[asyncio.Task[None]] = set()
-        self._outstanding = 0  # members accepted on this stream still without an outcome
-        self._group_refs: dict[object, pb.MemberRef] = {}
+        self._limits = servicer._stream_limits
+        self._peer = peer
+        self._principal = principal
+        self._out: deque[pb.StreamGroupsResponse] = deque()
+        self._wake = asyncio.Event()  # the writer has something to do
+        self._room = asyncio.Event()  # the reader may read: _out is below its bound
+        self._room.set()
+        self._held: dict[asyncio.Future[Any], _Held] = {}
+        self._held_bytes = 0
+        self._groups: dict[CohortKey, list[Any]] = {}  # key → [group ref, members held]
+        self._reading = True
+        self._on_progress_cb = self._on_progress
+        self._on_settled_cb = self._on_settled
+        self.progress_dropped = 0
+
+    # ------------------------------------------------------------------ events out
+    def _push(self, event: pb.StreamGroupsResponse) -> None:
+        self._out.append(event)
+        self._wake.set()
+
+    def _error(self, ref: pb.MemberRef, rejection: Rejection) -> None:
+        self._push(
+            pb.StreamGroupsResponse(
+                error=pb.MemberError(member=ref, status=status_proto(rejection))
+            )
+        )
+
+    def _answer(self, ref: pb.MemberRef, answer: pb.MemberResult | Rejection) -> None:
+        if isinstance(answer, Rejection):
+            self._error(ref, answer)
+        else:
+            self._push(pb.StreamGroupsResponse(result=answer))
+
+    def _internal(self, ref: pb.MemberRef, what: str, exc: BaseException) -> None:
+        log.exception("StreamGroups: %s failed for one member; the stream goes on", what)
+        status = _internal_status(f"internal error while {what}: {type(exc).__name__}")
+        self._push(pb.StreamGroupsResponse(error=pb.MemberError(member=ref, status=status)))
+
+    @property
+    def held_members(self) -> int:
+        return len(self._held)
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held_bytes
+
+    @property
+    def groups_held(self) -> int:
+        return len(self._groups)
 
     def _on_progress(self, progress: PairProgress) -> None:
-        ref = self._group_refs.get(progress.key)
-        if ref is None:
+        group = self._groups.get(progress.key)
+        if group is None:
             return
-        self._queue.put_nowait(
+        if len(self._out) >= self._limits.max_buffered_events:
+            self.progress_dropped += 1
+            return
+        self._push(
             pb.StreamGroupsResponse(
                 pair_judged=pb.PairJudged(
-                    member=ref,
+                    member=group[0],
                     response_i=progress.response_i,
                     response_j=progress.response_j,
                     judge_index=progress.judge_index,
@@ -310,65 +484,164 @@ class _GroupStream:
             )
         )
 
-    def _error(self, ref: pb.MemberRef, rejection: Rejection) -> pb.StreamGroupsResponse:
-        return pb.StreamGroupsResponse(
-            error=pb.MemberError(member=ref, status=status_proto(rejection))
+    # ------------------------------------------------------------------ members in
+    def _handle(self, request: Any) -> None:
+        """One request → its events; nothing a member does can escape into the stream."""
+        if is_undecodable(request):
+            self._error(pb.MemberRef(), _undecodable_member(request))
+            return
+        ref = request.member.member
+        try:
+            self._submit(request, ref)
+        except RecursionError:
+            # Nesting deep enough to exhaust the stack is malformed input, not a bug.
+            self._error(
+                ref,
+                Rejection(
+                    Reason.INVALID_MEMBER,
+                    "invalid member: nested too deeply to be processed",
+                    {"rolloutIndex": str(ref.rollout_index)},
+                    field_violations=(("candidate", "nested too deeply"),),
+                ),
+            )
+        except Exception as exc:
+            self._internal(ref, "handling a member", exc)
+
+    def _submit(self, request: pb.StreamGroupsRequest, ref: pb.MemberRef) -> None:
+        servicer = self._servicer
+        sub = servicer._submission(request.member, self._principal)
+        if isinstance(sub, Rejection):
+            self._error(ref, servicer._rejected(sub))
+            return
+        cost = request.member.ByteSize() + STREAM_MEMBER_OVERHEAD_BYTES
+        refusal = self._over_bounds(sub, cost)
+        if refusal is not None:
+            self._error(ref, servicer._rejected(refusal))
+            return
+        ticket = servicer._submit(sub, self._on_progress_cb)
+        if ticket.rejection is not None:
+            self._error(ref, ticket.rejection)
+            return
+        self._push(pb.StreamGroupsResponse(accepted=pb.MemberAccepted(member=ref)))
+        if ticket.replay is not None:
+            self._answer(ref, servicer._replay(sub, ticket))
+            return
+        waiter = ticket.waiter
+        assert waiter is not None
+        self._hold(sub, cost)
+        self._held[waiter.future] = _Held(sub, ticket, ref, cost)
+        waiter.future.add_done_callback(self._on_settled_cb)
+
+    def _over_bounds(self, sub: Submission, cost: int) -> Rejection | None:
+        limits = self._limits
+        if self._held_bytes + cost > limits.max_held_bytes:
+            what, limit = "this stream", f"stream_max_held_bytes={limits.max_held_bytes}"
+        elif (
+            self._servicer.held_by_connection.get(self._peer, 0) + cost
+            > limits.max_connection_held_bytes
+        ):
+            what = "this connection's streams"
+            limit = f"connection_max_held_bytes={limits.max_connection_held_bytes}"
+        else:
+            return None
+        return Rejection(
+            Reason.CAPACITY_EXHAUSTED,
+            f"{what} already hold the bytes of members awaiting their outcome up to {limit}; "
+            "read the outcomes, then resend this member",
+            coords_metadata(sub.coords),
         )
 
-    def _handle(self, request: pb.StreamGroupsRequest) -> None:
-        ref = request.member.member
-        sub = self._servicer._submission(request.member)
-        if isinstance(sub, Rejection):
-            self._queue.put_nowait(self._error(ref, self._servicer._rejected(sub)))
-            return
-        group_ref = convert.coords_to_proto(sub.coords)
-        self._group_refs.setdefault(sub.key, group_ref)
-        ticket = self._servicer._submit(sub, self._on_progress)
-        if ticket.rejection is not None:
-            self._queue.put_nowait(self._error(ref, ticket.rejection))
-            return
-        self._queue.put_nowait(pb.StreamGroupsResponse(accepted=pb.MemberAccepted(member=ref)))
-        if ticket.replay is not None:
-            self._put_answer(ref, self._servicer._replay(sub, ticket))
-            return
-        self._outstanding += 1
-        task = asyncio.create_task(self._wait(sub, ticket, ref))
-        self._waits.add(task)
-        task.add_done_callback(self._waits.discard)
-
-    def _put_answer(self, ref: pb.MemberRef, answer: pb.MemberResult | Rejection) -> None:
-        if isinstance(answer, Rejection):
-            self._queue.put_nowait(self._error(ref, answer))
+    def _hold(self, sub: Submission, cost: int) -> None:
+        self._held_bytes += cost
+        connections = self._servicer.held_by_connection
+        connections[self._peer] = connections.get(self._peer, 0) + cost
+        group = self._groups.get(sub.key)
+        if group is None:
+            self._groups[sub.key] = [convert.coords_to_proto(sub.coords), 1]
         else:
-            self._queue.put_nowait(pb.StreamGroupsResponse(result=answer))
+            group[1] += 1
 
-    async def _wait(self, sub: Submission, ticket: Ticket, ref: pb.MemberRef) -> None:
-        assert ticket.waiter is not None
-        outcome = await ticket.waiter.wait()
-        self._outstanding -= 1
-        self._put_answer(ref, self._servicer._outcome_to_result(sub, ticket, outcome))
-        self._queue.put_nowait(None)  # wake the writer to check whether we are done
+    def _release(self, held: _Held) -> None:
+        self._held_bytes -= held.cost
+        connections = self._servicer.held_by_connection
+        left = connections.get(self._peer, 0) - held.cost
+        if left > 0:
+            connections[self._peer] = left
+        else:
+            connections.pop(self._peer, None)
+        group = self._groups.get(held.sub.key)
+        if group is not None:
+            group[1] -= 1
+            if group[1] <= 0:
+                del self._groups[held.sub.key]
+
+    def _on_settled(self, future: asyncio.Future[Any]) -> None:
+        held = self._held.pop(future, None)
+        if held is None:  # released when the stream ended
+            return
+        self._release(held)
+        waiter = held.ticket.waiter
+        if waiter is not None:
+            waiter.release()
+        if future.cancelled():
+            return
+        try:
+            answer = self._servicer._outcome_to_result(held.sub, held.ticket, future.result())
+        except Exception as exc:
+            self._internal(held.ref, "building a member's result", exc)
+        else:
+            self._answer(held.ref, answer)
+        if not self._held and not self._reading:
+            self._wake.set()  # possibly the last outcome: let the writer finish
 
     async def _read(self) -> None:
+        limit = self._limits.max_buffered_events
         try:
             async for request in self._requests:
                 self._handle(request)
+                if len(self._out) >= limit:
+                    # Stop reading: unread requests stay in gRPC's flow-control window,
+                    # and the client's writes block once it is full.
+                    self._room.clear()
+                    await self._room.wait()
         finally:
-            self._queue.put_nowait(None)
+            self._reading = False
+            self._wake.set()
 
-    async def events(self) -> AsyncIterator[pb.StreamGroupsResponse]:
+    async def run(self, write: Callable[[pb.StreamGroupsResponse], Awaitable[None]]) -> None:
+        """Write events as the client takes them until every outcome is out (or it leaves)."""
         reader = asyncio.create_task(self._read())
+        limit = self._limits.max_buffered_events
+        out = self._out
         try:
             while True:
-                event = await self._queue.get()
-                if event is not None:
-                    yield event
-                elif reader.done() and self._outstanding == 0 and self._queue.empty():
+                if out:
+                    event = out.popleft()
+                    if len(out) < limit and not self._room.is_set():
+                        self._room.set()
+                    await write(event)
+                    continue
+                if reader.done() and not self._held:
                     reader.result()  # re-raise a broken request stream
                     return
+                self._wake.clear()
+                await self._wake.wait()
         finally:
-            # The client went away or the stream ended: drop our waiters only.
+            # The client went away or the stream ended: drop our waiters only (the
+            # members stay in their cohorts) and give back what this stream held.
             reader.cancel()
-            for task in list(self._waits):
-                task.cancel()
-            await asyncio.gather(reader, *self._waits, return_exceptions=True)
+            held, self._held = list(self._held.values()), {}
+            for entry in held:
+                self._release(entry)
+                if entry.ticket.waiter is not None:
+                    entry.ticket.waiter.release()
+            await asyncio.gather(reader, return_exceptions=True)
+
+
+def _undecodable_member(request: Any) -> Rejection:
+    description = f"the request bytes are not a valid message: {request.error}"
+    return Rejection(
+        Reason.INVALID_MEMBER,
+        f"invalid member: {description}",
+        field_violations=(("request", description),),
+    )

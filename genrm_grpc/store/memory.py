@@ -5,8 +5,8 @@ order is expiry order: eviction only ever looks at the oldest entries. Watermark
 moved to the end whenever they are touched, for the same reason.
 
 Retained entries hold no object the cyclic garbage collector tracks: tombstones are kept
-as their ``record()`` bytes under plain ``(group_id, legacy_key, attempt)`` tuples, so a
-full collection costs the same with 50,000 retained cohorts as with 100.
+as their ``record()`` bytes under plain ``(group_id, legacy_key, attempt, principal)``
+tuples, so a full collection costs the same with 50,000 retained cohorts as with 100.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from genrm_grpc.cohort.model import CohortKey, Tombstone
 
 _PINNED_ROTATIONS_PER_EVICT = 2
 
-_Key = tuple[str | None, str | None, int]
+_Key = tuple[str | None, str | None, int, str]
 
 
 def _key(key: CohortKey) -> _Key:
-    return (key.group_id, key.legacy_key, key.attempt)
+    return (key.group_id, key.legacy_key, key.attempt, key.principal)
 
 
 class MemoryStore:

@@ -137,3 +137,13 @@ def test_comparisons_by_member_equals_comparisons_of_for_every_member() -> None:
                 for i, j, k in judge_passes(n, strategy, 2)  # type: ignore[arg-type]
             )
             assert comparisons_by_member(n, judged) == [comparisons_of(k, judged) for k in range(n)]
+
+
+def test_tombstones_of_two_principals_with_the_same_group_id_never_meet() -> None:
+    store = MemoryStore(ttl_s=60.0, max_records=10)
+    alice = CohortKey("shared-id", None, 0, "alice")
+    bob = CohortKey("shared-id", None, 0, "bob")
+    store.put_tombstone(Tombstone(alice, 1, "p", {}, Failed("alice's"), 1.0), 1.0)
+    assert store.tombstone(bob, 2.0) is None
+    found = store.tombstone(alice, 2.0)
+    assert found is not None and found.key == alice and found.outcome == Failed("alice's")

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
+from google.rpc import error_details_pb2
 
 from genrm_grpc.config import ConfigError, load_settings
 from genrm_grpc.server.app import server_options
@@ -231,11 +232,30 @@ async def test_undecodable_bytes_are_invalid_argument_not_unknown(
             assert got.code == grpc.StatusCode.INVALID_ARGUMENT, method
             assert got.info is not None and got.info.reason == "INVALID_MEMBER"
             assert list(got.violations) == ["request"]
-        stream = channel.stream_stream("/genrm.cohort.v1.CohortService/StreamGroups")
-        with pytest.raises(grpc.RpcError) as caught:
-            async for _ in stream(iter([GARBAGE]), timeout=10):
-                pass
-        got = details(caught.value)
-        assert got.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert got.info is not None and got.info.reason == "INVALID_MEMBER"
     assert server.registry.active_count() == 0
+
+
+async def test_undecodable_bytes_on_a_stream_are_one_member_error_and_the_stream_goes_on(
+    start_server: StartServer,
+) -> None:
+    server = await start_server()
+    valid = pb.StreamGroupsRequest(member=_member()).SerializeToString()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stream = channel.stream_stream(
+            "/genrm.cohort.v1.CohortService/StreamGroups",
+            response_deserializer=pb.StreamGroupsResponse.FromString,
+        )
+        call = stream(iter([GARBAGE, valid]), timeout=10)
+        first = await call.read()
+        second = await call.read()
+        call.cancel()
+    assert first.WhichOneof("event") == "error"
+    status = first.error.status
+    assert status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert [d for d in status.details if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR)]
+    info = error_details_pb2.ErrorInfo()
+    status.details[0].Unpack(info)
+    assert info.reason == "INVALID_MEMBER"
+    # The member after the undecodable one is still read and accepted.
+    assert second.WhichOneof("event") == "accepted"
+    assert second.accepted.member.rollout_index == 1

@@ -77,7 +77,9 @@ class CohortServiceServicer:
         """StreamGroups carries many members (usually whole group attempts) on one
         stream. For each request the server sends `accepted`, optionally
         `pair_judged` progress for its cohort, and exactly one `result` or `error`.
-        A per-member error never ends the stream. After the client half-closes and
+        A per-member error never ends the stream. The server queues a bounded number
+        of events and stops reading requests while they are unread (flow control
+        then blocks the client's writes). After the client half-closes and
         every submitted member has its outcome, the server ends the stream with OK.
         A stream that breaks removes only its waiters: accepted members stay.
         """
