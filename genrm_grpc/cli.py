@@ -1,4 +1,4 @@
-"""``genrm-grpc serve | fake-judge | demo | health``."""
+"""``genrm-grpc serve | fake-judge | demo | health | collect | config``."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def _read(path: str | None) -> bytes | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = ("serve", "fake-judge", "demo", "health", "collect")
+    commands = ("serve", "fake-judge", "demo", "health", "collect", "config")
     if not args or args[0] not in commands:
         print(f"usage: genrm-grpc {{{'|'.join(commands)}}} [options]  (--help per command)")
         return 0 if args and args[0] in ("-h", "--help") else 2
@@ -181,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         from genrm_grpc.collect import main as collect_main
 
         return collect_main(rest)
+    if command == "config":
+        from genrm_grpc.gym_config import main as config_main
+
+        return config_main(rest)
     if command == "fake-judge":
         from genrm_grpc.judge.fake import main as fake_main
 

@@ -167,7 +167,9 @@ class _YamlSource(PydanticBaseSettingsSource):
             raise ConfigError(message) from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
-        return data
+        from genrm_grpc import gym_config  # a NeMo Gym file: convert it as `config from-gym` does
+
+        return gym_config.for_serve(data, path) if gym_config.is_gym_config(data) else data
 
 
 class Settings(BaseSettings):
