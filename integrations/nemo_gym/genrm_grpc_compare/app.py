@@ -62,6 +62,9 @@ class GenRMGrpcCompareConfig(BaseResourcesServerConfig):
     verify_timeout_s: float = Field(default=5400.0, gt=0, allow_inf_nan=False)
     #: Deadline of one ``Compare`` call.
     compare_timeout_s: float = Field(default=1800.0, gt=0, allow_inf_nan=False)
+    #: True: a call waits (until its deadline) for genrm-grpc to be reachable instead of
+    #: failing as UNAVAILABLE at once; False: unreachable → retried, then 503.
+    wait_for_ready: bool = False
     #: Calls per request when genrm-grpc is UNAVAILABLE (restart, drain, network).
     unavailable_retries: int = Field(default=8, ge=1)
     #: Longest backoff between those calls.
@@ -245,6 +248,7 @@ class GenRMGrpcCompareResourcesServer(SimpleResourcesServer):
                 bearer_token=token,
                 max_send_message_bytes=cfg.max_message_bytes,
                 max_receive_message_bytes=cfg.max_message_bytes,
+                wait_for_ready=cfg.wait_for_ready,
             )
             retry = RetryPolicy(
                 max_attempts=cfg.unavailable_retries, max_backoff_s=cfg.max_backoff_s

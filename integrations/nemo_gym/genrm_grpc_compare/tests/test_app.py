@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import sys
 import uuid
 from typing import Any
 
@@ -11,6 +13,7 @@ from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient, CohortError
 from nemo_gym.base_resources_server import BaseVerifyResponse
 
+from genrm_grpc.demo import _process
 from genrm_grpc_compare.app import GenRMGrpcVerifyResponse
 
 from .conftest import GROUP_SIZE, Stack
@@ -212,3 +215,25 @@ async def test_compare_forwards_to_compare(stack: Stack) -> None:
         (1, 2),
         (2, 0),
     }
+
+
+async def test_genrm_grpc_shutdown_fails_the_waiting_rollout_with_503(stack: Stack) -> None:
+    # A server of its own, stopped with SIGTERM while a rollout of its group waits.
+    args = [sys.executable, "-m", "genrm_grpc.cli", "serve", "--listen", "127.0.0.1:0"]
+    args += ["--judge-url", stack.judge_url, "--shutdown-grace-s", "0.5", "--log-level", "ERROR"]
+    with _process(args, "genrm-grpc serving on") as (proc, target):
+        stack.server.config.grpc_target = target
+        stack.server.config.unavailable_retries = 1
+        await stack.server.aclose()  # the next call opens a channel to this server
+        group = new_group()
+        waiting = asyncio.create_task(stack.verify(rollout(group, 0)))
+        await until_present(Stack(stack.judge_url, target, stack.http, stack.server), group, 0, 0)
+        proc.send_signal(signal.SIGTERM)
+        status, body = await waiting
+        assert proc.wait(timeout=30) == 0
+    assert status == 503
+    assert "shut" in body["detail"].lower()
+    # genrm-grpc is gone: the transport failure is a 503 too, after the configured calls.
+    status, body = await stack.verify(rollout(new_group(), 1))
+    assert status == 503
+    assert body["detail"].startswith("genrm-grpc: UNAVAILABLE")
