@@ -237,3 +237,21 @@ async def test_genrm_grpc_shutdown_fails_the_waiting_rollout_with_503(stack: Sta
     status, body = await stack.verify(rollout(new_group(), 1))
     assert status == 503
     assert body["detail"].startswith("genrm-grpc: UNAVAILABLE")
+
+
+async def test_principle_reaches_the_judge_and_legacy_task_groups_work(stack: Stack) -> None:
+    task = 1000 + uuid.uuid4().int % 1_000_000
+    payloads = []
+    for i in range(GROUP_SIZE):
+        payload = rollout("unused", i)
+        del payload["_ng_group_id"], payload["_ng_group_attempt"]
+        payload["_ng_task_index"] = task  # a legacy group: task index + prompt
+        payload["principle"] = "Prefer the shortest correct answer."
+        payloads.append(payload)
+    replies = await asyncio.gather(*(stack.verify(p) for p in payloads))
+    assert [status for status, _ in replies] == [200] * GROUP_SIZE
+    assert all(
+        body["_ng_task_index"] == task and body["mask_sample"] is False for _, body in replies
+    )
+    last = json.dumps(stack.judge_stats()["last_request"])
+    assert "Prefer the shortest correct answer." in last
