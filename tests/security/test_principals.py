@@ -11,10 +11,10 @@ import grpc
 import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
-from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
 
 from genrm_grpc.config import ConfigError, load_settings, token_principal
 from genrm_grpc.server.app import CohortServer
+from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 
 from .conftest import PROMPT, Pki, StartServer, details, stub, tls_channel
 
