@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv proto proto-image buf-deps buf-lint buf-breaking lint typecheck test demo bench clean
+.PHONY: venv proto proto-image buf-deps buf-lint buf-breaking lint typecheck test test-integrations demo bench clean
 
 venv: $(STAMP)
 
@@ -46,6 +46,16 @@ typecheck: $(STAMP)
 
 test: lint typecheck buf-lint buf-breaking
 	$(PY) -m pytest -q
+
+# The NeMo Gym suite: the resources server in integrations/nemo_gym under the real
+# nemo-gym package (Python >= 3.12), a live server and the fake judge. Its venv is built
+# once into $(GYM_VENV) (cold 7-10 min, warm a few seconds; see gym-env.sh); the tests
+# take about 30 s. genrm-grpc is imported from this checkout.
+GYM_VENV ?= build/gym-venv
+
+test-integrations:
+	bash integrations/nemo_gym/gym-env.sh $(GYM_VENV)
+	PYTHONPATH=$(CURDIR):$(CURDIR)/clients/python $(GYM_VENV)/bin/python -m pytest -q -p no:cacheprovider integrations/nemo_gym
 
 demo: $(STAMP)
 	$(PY) -m genrm_grpc.cli demo

@@ -212,6 +212,12 @@ def _collect(argv: list[str]) -> int:
     return collect_main(argv)
 
 
+def _config(argv: list[str]) -> int:
+    from genrm_grpc.gym_config import main as config_main
+
+    return config_main(argv)
+
+
 def _fake_judge(argv: list[str]) -> int:
     from genrm_grpc.testing.cli import main as fake_main
 
@@ -241,6 +247,9 @@ COMMANDS: dict[str, Command] = {
         "run the fake judge: an OpenAI-API test double, not a model", _fake_judge
     ),
     "demo": Command("start a fake judge and a server on loopback and show rewards", _demo),
+    "config": Command(
+        "config from-gym GYM_YAML: print a NeMo Gym config as genrm-grpc YAML", _config
+    ),
 }
 
 

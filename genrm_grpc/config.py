@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -217,6 +218,11 @@ def _yaml_source(settings_cls: type[BaseSettings]) -> PydanticBaseSettingsSource
         raise ConfigError(f"config file {path} must hold a mapping at the top level") from None
     if not isinstance(source.yaml_data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    from genrm_grpc import gym_config  # a NeMo Gym file: convert it as `config from-gym` does
+
+    if gym_config.is_gym_config(source.yaml_data):
+        converted = gym_config.for_serve(source.yaml_data, path)
+        return InitSettingsSource(settings_cls, init_kwargs=converted)
     return source
 
 

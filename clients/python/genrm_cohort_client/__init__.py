@@ -12,6 +12,8 @@ this package adds:
   attempt + 1; never INVALID_ARGUMENT / FAILED_PRECONDITION / ALREADY_EXISTS;
 * :class:`ChannelOptions`: keepalive matched to the server, message limits,
   wait-for-ready, TLS / mTLS and a bearer token;
+* :func:`score_groups` / :func:`score_samples` (module ``batch``): blocking batch
+  scoring for verl / OpenRLHF reward functions, rewards in input order plus the mask;
 * :class:`CohortError`, the one exception type (code, ErrorInfo reason, metadata; its
   subclass :class:`CohortConnectError` when nothing answers at the address within
   ``ChannelOptions.connect_timeout_s``), and
@@ -24,6 +26,14 @@ whole group under a new ``group_attempt``; anything else → do not retry.
 
 from __future__ import annotations
 
+from genrm_cohort_client.batch import (
+    BatchScores,
+    MaskedGroupsError,
+    SampleScores,
+    score_groups,
+    score_groups_async,
+    score_samples,
+)
 from genrm_cohort_client.client import (
     CandidateLike,
     CohortClient,
@@ -58,6 +68,7 @@ __all__ = [
     "NEVER_RETRY",
     "REGENERATE_GROUP",
     "RETRY_SAME_CALL",
+    "BatchScores",
     "CandidateLike",
     "ChannelOptions",
     "CohortClient",
@@ -65,10 +76,12 @@ __all__ = [
     "CohortError",
     "ErrorDetails",
     "GroupAttempts",
+    "MaskedGroupsError",
     "MemberRefLike",
     "PromptLike",
     "Regenerate",
     "RetryPolicy",
+    "SampleScores",
     "SyncCohortClient",
     "error_info",
     "make_candidate",
@@ -76,6 +89,9 @@ __all__ = [
     "make_member_ref",
     "make_prompt",
     "new_group_id",
+    "score_groups",
+    "score_groups_async",
+    "score_samples",
     "status_error_info",
     "uuid7",
 ]
