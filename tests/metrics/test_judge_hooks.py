@@ -1,38 +1,28 @@
-"""What the judge client reports to its observer, per attempt and per comparison."""
+"""What the judge client reports to its observer, per attempt and per comparison.
+
+The judge is the real fake judge over loopback HTTP, with faults injected per request.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Callable
+from typing import Any
 
-import httpx
 import pytest
 
 from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig, JudgeFailedError, JudgeInput
+from genrm_grpc.judge.fake import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.observability.metrics import ServerMetrics
 
 INPUT = JudgeInput((("user", "Name a prime."),), "Seven.", "Four.")
-VERDICT = 'Seven is right.\n```json\n{"score_1": 5, "score_2": 1, "ranking": 1}\n```'
 
 
-def _answer(text: str) -> httpx.Response:
-    body = {
-        "status": "completed",
-        "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
-    }
-    return httpx.Response(200, content=json.dumps(body).encode())
-
-
-def _client(
-    handler: Callable[[httpx.Request], httpx.Response], metrics: ServerMetrics, **config: float
-) -> JudgeClient:
+def _client(fake: FakeJudgeServer, metrics: ServerMetrics, **config: Any) -> JudgeClient:
     async def no_sleep(_seconds: float) -> None:
         return None
 
     return JudgeClient(
-        JudgeClientConfig(url="http://judge.invalid", api="responses", model="genrm", **config),  # type: ignore[arg-type]
-        transport=httpx.MockTransport(handler),
+        JudgeClientConfig(url=fake.url, api="responses", model="genrm", **config),
         sleep=no_sleep,
         observer=metrics,
     )
@@ -45,9 +35,10 @@ def _value(metrics: ServerMetrics, name: str, **labels: str) -> float:
 
 async def test_retried_then_ok_counts_each_attempt_and_one_comparison() -> None:
     metrics = ServerMetrics()
-    replies = iter([httpx.Response(503), httpx.Response(429), _answer(VERDICT)])
-    async with _client(lambda _r: next(replies), metrics) as client:
-        out = await client.judge(INPUT)
+    faults = FakeJudgeConfig(fail_503_first_n=1, fail_429_first_n=2, retry_after_s=None)
+    with FakeJudgeServer(faults) as fake:
+        async with _client(fake, metrics) as client:
+            out = await client.judge(INPUT)
     assert out.attempts == 3
     assert _value(metrics, "genrm_judge_requests_total", outcome="http_503") == 1
     assert _value(metrics, "genrm_judge_requests_total", outcome="http_429") == 1
@@ -61,8 +52,9 @@ async def test_retried_then_ok_counts_each_attempt_and_one_comparison() -> None:
 
 async def test_unparseable_answers_end_in_the_default_verdict() -> None:
     metrics = ServerMetrics()
-    async with _client(lambda _r: _answer("no verdict here"), metrics, parse_retries=1) as client:
-        out = await client.judge(INPUT)
+    with FakeJudgeServer(FakeJudgeConfig(malformed_rate=1.0)) as fake:
+        async with _client(fake, metrics, parse_retries=1) as client:
+            out = await client.judge(INPUT)
     assert out.verdict.parse_failed
     assert _value(metrics, "genrm_judge_requests_total", outcome="unparseable") == 2
     assert _value(metrics, "genrm_judge_retries_total", cause="unparseable") == 1
@@ -71,36 +63,29 @@ async def test_unparseable_answers_end_in_the_default_verdict() -> None:
 
 async def test_final_failures_are_counted_by_kind() -> None:
     metrics = ServerMetrics()
-    async with _client(lambda _r: httpx.Response(400), metrics) as client:
-        with pytest.raises(JudgeFailedError):
-            await client.judge(INPUT)
+    with FakeJudgeServer(FakeJudgeConfig(fail_400_rate=1.0)) as fake:
+        async with _client(fake, metrics) as client:
+            with pytest.raises(JudgeFailedError):
+                await client.judge(INPUT)
     assert _value(metrics, "genrm_judge_requests_total", outcome="http_400") == 1
     assert _value(metrics, "genrm_judge_comparisons_total", outcome="failed") == 1
 
-    def hang(_request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("judge too slow")
-
-    async with _client(hang, metrics) as client:
-        with pytest.raises(JudgeFailedError):
-            await client.judge(INPUT)
+    with FakeJudgeServer(FakeJudgeConfig(hang_rate=1.0)) as fake:
+        async with _client(fake, metrics, request_timeout_s=0.2) as client:
+            with pytest.raises(JudgeFailedError):
+                await client.judge(INPUT)
     assert _value(metrics, "genrm_judge_requests_total", outcome="deadline") == 1
     assert _value(metrics, "genrm_judge_comparisons_total", outcome="failed") == 2
 
 
 async def test_a_cancelled_comparison_is_counted_as_cancelled() -> None:
     metrics = ServerMetrics()
-    entered = asyncio.Event()
-
-    async def handler(_request: httpx.Request) -> httpx.Response:
-        entered.set()
-        await asyncio.Event().wait()  # never answers
-        raise AssertionError("unreachable")
-
-    async with _client(handler, metrics) as client:  # type: ignore[arg-type]
-        task = asyncio.create_task(client.judge(INPUT))
-        await entered.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    with FakeJudgeServer(FakeJudgeConfig(hang_rate=1.0)) as fake:
+        async with _client(fake, metrics) as client:
+            task = asyncio.create_task(client.judge(INPUT))
+            assert await asyncio.to_thread(fake.wait_for_requests, 1, 10.0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
     assert _value(metrics, "genrm_judge_requests_total", outcome="cancelled") == 1
     assert _value(metrics, "genrm_judge_comparisons_total", outcome="cancelled") == 1
