@@ -35,6 +35,8 @@ chosen by measurement: see "Judge client" in docs/performance.md.
 from __future__ import annotations
 
 import asyncio
+import base64
+import concurrent.futures
 import email.utils
 import json
 import logging
@@ -380,7 +382,10 @@ class JudgeClient:
     across comparisons and close it with ``aclose()`` (or use it as an async context
     manager). A comparison waiting for a free connection spends its request deadline
     doing so. ``sleep``, ``random`` and ``clock`` are injectable so tests can record
-    backoff waits instead of sleeping and drive the outage window.
+    backoff waits instead of sleeping and drive the outage window. Response bodies of
+    ``offload_bytes`` or more are decoded and parsed on ``executor`` (default: the
+    loop's default thread pool). ``reachability`` hears whether requests reach the
+    judge; ``on_hedge`` is called for every hedged request.
     """
 
     def __init__(
@@ -393,8 +398,12 @@ class JudgeClient:
         observer: JudgeObserver | None = None,
         reachability: ReachabilityListener | None = None,
         on_hedge: Callable[[], None] | None = None,
+        offload_bytes: int = OFFLOAD_BYTES,
+        executor: concurrent.futures.Executor | None = None,
     ) -> None:
         self._config = config
+        self._offload_bytes = offload_bytes
+        self._executor = executor
         self._observer: JudgeObserver = observer or NullJudgeObserver()
         self._reachability = reachability or ReachabilityListener()
         self._on_hedge = on_hedge or (lambda: None)
@@ -409,7 +418,8 @@ class JudgeClient:
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
         elif user is not None:
-            headers["Authorization"] = aiohttp.BasicAuth(user, password or "").encode()
+            token = base64.b64encode(f"{user}:{password or ''}".encode()).decode("ascii")
+            headers["Authorization"] = f"Basic {token}"
         self._headers = headers
         self._session: aiohttp.ClientSession | None = None
 
@@ -683,11 +693,11 @@ class JudgeClient:
                 kind=f"http_{status}",
             )
 
-        if len(reply.body) >= OFFLOAD_BYTES:
+        if len(reply.body) >= self._offload_bytes:
             # Decoding a large body and scanning a large answer are CPU work: keep them
             # off the event loop so health checks and other cohorts keep being served.
             answer = await asyncio.get_running_loop().run_in_executor(
-                None, self._decode, reply.body, attempt_no
+                self._executor, self._decode, reply.body, attempt_no
             )
         else:
             answer = self._decode(reply.body, attempt_no)
