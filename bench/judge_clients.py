@@ -16,6 +16,12 @@ service's own ``JudgeClient.judge`` (retry bookkeeping and verdict parsing inclu
 
     .venv/bin/python -m bench.judge_clients                 # every client, C = 16 64 256
     .venv/bin/python -m bench.judge_clients --clients aiohttp genrm --concurrency 64
+    .venv/bin/python -m bench.judge_clients --judge fake canned
+
+``--judge canned`` swaps the fake judge for a bench-only aiohttp server that returns one
+pre-rendered answer after L: the threaded fake judge saturates one core near 1,500 calls/s,
+below C/L at C = 256. The "judge CPU s/s" column shows the judge process's CPU seconds per
+wall second (about 1.0 means the judge, not the client, is the limit).
 
 The results go to stdout (a Markdown table) and, with ``--json PATH``, to a file.
 """
@@ -27,6 +33,8 @@ import asyncio
 import json
 import logging
 import os
+import pathlib
+import socket
 import subprocess
 import sys
 import time
@@ -167,15 +175,64 @@ def _worker_main(args: argparse.Namespace) -> None:
     print(json.dumps(result), flush=True)
 
 
+# -- canned judge (optional) --------------------------------------------------------------
+
+
+def _serve_canned(port: int, latency_ms: float) -> None:
+    """An aiohttp judge that answers every POST with one fake-judge answer after L ms.
+
+    For when the fake judge (a threaded test double) cannot keep C/L calls/s busy: it
+    shows what the client does when the judge is not the bottleneck.
+    """
+    from aiohttp import web
+
+    from genrm_grpc.judge.fake import verdict_text
+
+    answer = json.dumps(
+        {
+            "status": "completed",
+            "output": [
+                {
+                    "type": "message",
+                    "content": [
+                        {
+                            "type": "output_text",
+                            "text": verdict_text("What is it?", _ANSWER, _ANSWER[::-1]),
+                        }
+                    ],
+                }
+            ],
+            "usage": {"input_tokens": 500, "output_tokens": 100},
+        }
+    ).encode()
+
+    async def judge(request: web.Request) -> web.Response:
+        await request.read()
+        await asyncio.sleep(latency_ms / 1000.0)
+        return web.Response(body=answer, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", judge)
+    print(f"canned judge listening on http://127.0.0.1:{port}", flush=True)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=1024)
+
+
 # -- driver side -------------------------------------------------------------------------
 
 
 _PY = (sys.executable, "-m")
 
 
-def _start_judge(latency_ms: float) -> tuple[subprocess.Popen[str], str]:
+def _start_judge(kind: str, latency_ms: float) -> tuple[subprocess.Popen[str], str]:
+    if kind == "fake":
+        args = [*_PY, "genrm_grpc.cli", "fake-judge", "--port", "0"]
+    else:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        args = [*_PY, "bench.judge_clients", "--serve-canned", str(port)]
     proc = subprocess.Popen(
-        [*_PY, "genrm_grpc.cli", "fake-judge", "--port", "0", "--latency-ms", f"{latency_ms:g}"],
+        [*args, "--latency-ms", f"{latency_ms:g}"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -187,18 +244,26 @@ def _start_judge(latency_ms: float) -> tuple[subprocess.Popen[str], str]:
     return proc, line.rsplit(" ", 1)[1].strip()
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(
+    judge_kind: str,
     clients: list[str],
     concurrencies: list[int],
     latency_ms: float,
     warmup_s: float,
     duration_s: float,
 ) -> list[dict[str, Any]]:
-    judge, url = _start_judge(latency_ms)
+    judge, url = _start_judge(judge_kind, latency_ms)
     rows: list[dict[str, Any]] = []
     try:
         for concurrency in concurrencies:
             for kind in clients:
+                judge_cpu0, wall0 = _cpu_s(judge.pid), time.perf_counter()
                 out = subprocess.run(
                     [
                         *_PY,
@@ -210,10 +275,13 @@ def run(
                     text=True,
                     check=True,
                 )
+                judge_busy = (_cpu_s(judge.pid) - judge_cpu0) / (time.perf_counter() - wall0)
                 result = json.loads(out.stdout.strip().splitlines()[-1])
                 rate = result["calls"] / result["wall_s"]
                 ideal = concurrency / (latency_ms / 1000.0)
                 row = {
+                    "judge": judge_kind,
+                    "judge_cpu_per_s": judge_busy,
                     "client": kind,
                     "concurrency": concurrency,
                     "latency_ms": latency_ms,
@@ -227,7 +295,8 @@ def run(
                     f"{kind:12s} C={concurrency:<4d} {rate:8.1f} calls/s  "
                     f"saturation {row['saturation']:.2f}  "
                     f"CPU {row['cpu_us_per_call']:7.0f} µs/call  "
-                    f"errors {result['errors']}  max in flight {result['max_in_flight']}",
+                    f"errors {result['errors']}  max in flight {result['max_in_flight']}  "
+                    f"judge CPU {judge_busy:.2f} s/s",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -239,19 +308,28 @@ def run(
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| client | C | calls/s | saturation | client CPU µs/call | errors |",
-        "| :-- | --: | --: | --: | --: | --: |",
+        "| judge | client | C | calls/s | saturation | client CPU µs/call | judge CPU s/s "
+        "| errors |",
+        "| :-- | :-- | --: | --: | --: | --: | --: | --: |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['client']} | {r['concurrency']} | {r['calls_per_s']:.0f} | "
-            f"{r['saturation']:.2f} | {r['cpu_us_per_call']:.0f} | {r['errors']} |"
+            f"| {r['judge']} | {r['client']} | {r['concurrency']} | {r['calls_per_s']:.0f} | "
+            f"{r['saturation']:.2f} | {r['cpu_us_per_call']:.0f} | "
+            f"{r['judge_cpu_per_s']:.2f} | {r['errors']} |"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.judge_clients", description=__doc__)
+    parser.add_argument(
+        "--judge",
+        nargs="+",
+        default=["fake"],
+        choices=["fake", "canned"],
+        help="fake: genrm-grpc fake-judge; canned: an aiohttp server with one fixed answer",
+    )
     parser.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=CLIENTS)
     parser.add_argument("--concurrency", nargs="+", type=int, default=[16, 64, 256])
     parser.add_argument("--latency-ms", type=float, default=100.0)
@@ -260,11 +338,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--url", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-canned", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_canned is not None:
+        _serve_canned(args.serve_canned, args.latency_ms)
+        return
     if args.worker is not None:
         _worker_main(args)
         return
-    rows = run(args.clients, args.concurrency, args.latency_ms, args.warmup_s, args.duration_s)
+    rows = [
+        row
+        for judge in args.judge
+        for row in run(
+            judge, args.clients, args.concurrency, args.latency_ms, args.warmup_s, args.duration_s
+        )
+    ]
     print(markdown(rows))
     if args.json:
         with open(args.json, "w") as fh:

@@ -52,10 +52,6 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import aiohttp
-from tenacity import AsyncRetrying, RetryCallState
-from tenacity.retry import retry_base
-from tenacity.stop import stop_base
-from tenacity.wait import wait_base
 
 from genrm_grpc.judge.redact import Redactor, redact_url, split_userinfo
 from genrm_grpc.observability.hooks import ComparisonOutcome, JudgeObserver, NullJudgeObserver
@@ -309,30 +305,7 @@ class _Tally:
         return TokenUsage(self.input_tokens, self.output_tokens, self.reasoning_tokens)
 
 
-class _RetryOnAttemptFailure(retry_base):
-    """Retry exactly the attempts that ended in ``_AttemptFailed``; anything else ends."""
-
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        outcome = retry_state.outcome
-        return (
-            outcome is not None
-            and outcome.failed
-            and isinstance(outcome.exception(), _AttemptFailed)
-        )
-
-
-class _StopWhenBudgetSpent(stop_base):
-    """Stop once ``parse_retries + 1`` attempts spent the budget (outage retries do not)."""
-
-    def __init__(self, tally: _Tally, max_attempts: int) -> None:
-        self._tally = tally
-        self._max_attempts = max_attempts
-
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        return self._tally.budget_spent >= self._max_attempts
-
-
-class _Backoff(wait_base):
+class _Backoff:
     """Exponential backoff with full jitter that never undercuts a ``Retry-After``.
 
     After the n-th failed attempt the ceiling is ``first * 2**(n-1)`` capped at ``cap``
@@ -346,13 +319,11 @@ class _Backoff(wait_base):
         self._cap = cap
         self._random = random
 
-    def __call__(self, retry_state: RetryCallState) -> float:
-        exponent = min(retry_state.attempt_number - 1, _MAX_BACKOFF_EXPONENT)
+    def wait(self, attempt_number: int, failure: _AttemptFailed) -> float:
+        exponent = min(attempt_number - 1, _MAX_BACKOFF_EXPONENT)
         ceiling = min(self._cap, self._first * 2.0**exponent)
         wait = self._random() * ceiling
-        outcome = retry_state.outcome
-        failure = outcome.exception() if outcome is not None and outcome.failed else None
-        if isinstance(failure, _AttemptFailed) and failure.retry_after is not None:
+        if failure.retry_after is not None:
             wait = max(wait, min(failure.retry_after, self._cap))
         return wait
 
@@ -500,48 +471,22 @@ class JudgeClient:
         tally = _Tally()
         max_attempts = cfg.parse_retries + 1
 
-        def log_retry(retry_state: RetryCallState) -> None:
-            outcome = retry_state.outcome
-            failure = outcome.exception() if outcome is not None else None
-            wait = retry_state.next_action.sleep if retry_state.next_action else 0.0
-            kind = failure.kind if isinstance(failure, _AttemptFailed) else "unknown"
-            detail = failure.log_detail if isinstance(failure, _AttemptFailed) else "?"
-            spent = failure.spent_budget if isinstance(failure, _AttemptFailed) else True
-            self._observer.judge_retry(kind)
-            logger.warning(
-                "judge attempt %d failed (%s%s); retrying in %.3fs: %s",
-                retry_state.attempt_number,
-                kind,
-                "" if spent else ", outage tolerance: budget not spent",
-                wait,
-                self._redact(_truncate(detail, _EXCERPT_CHARS)),
-                extra={
-                    "judge_url": self._display_endpoint,
-                    "judge_api": cfg.api,
-                    "judge_attempt": retry_state.attempt_number,
-                    "judge_max_attempts": max_attempts,
-                    "judge_budget_spent": tally.budget_spent,
-                    "judge_failure_kind": kind,
-                    "judge_retry_in_s": wait,
-                    "judge_swapped": swap,
-                },
-            )
-
-        retrying = AsyncRetrying(
-            stop=_StopWhenBudgetSpent(tally, max_attempts),
-            wait=self._backoff,
-            retry=_RetryOnAttemptFailure(),
-            sleep=self._sleep,
-            before_sleep=log_retry,
-            reraise=True,
-        )
         verdict: Verdict | None = None
         started = time.perf_counter()
         outcome: ComparisonOutcome = "failed"
         try:
-            async for attempt in retrying:
-                with attempt:
+            # A plain loop rather than a retry library: the first attempt usually
+            # answers, and this path runs once per judge call (see docs/performance.md).
+            while True:
+                try:
                     verdict = await self._attempt(body, tally)
+                    break
+                except _AttemptFailed as failure:
+                    if tally.budget_spent >= max_attempts:
+                        raise
+                    wait = self._backoff.wait(tally.attempts, failure)
+                    self._log_retry(failure, tally, wait, max_attempts, swap)
+                    await self._sleep(wait)
             outcome = "ok"
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -565,11 +510,34 @@ class JudgeClient:
             )
         finally:
             self._observer.judge_comparison(outcome, time.perf_counter() - started)
-        assert verdict is not None  # tenacity either returned a result or raised
         return JudgeOutcome(
             verdict=verdict.swapped() if swap else verdict,
             usage=tally.usage(),
             attempts=tally.attempts,
+        )
+
+    def _log_retry(
+        self, failure: _AttemptFailed, tally: _Tally, wait: float, max_attempts: int, swap: bool
+    ) -> None:
+        kind = failure.kind
+        self._observer.judge_retry(kind)
+        logger.warning(
+            "judge attempt %d failed (%s%s); retrying in %.3fs: %s",
+            tally.attempts,
+            kind,
+            "" if failure.spent_budget else ", outage tolerance: budget not spent",
+            wait,
+            self._redact(_truncate(failure.log_detail, _EXCERPT_CHARS)),
+            extra={
+                "judge_url": self._display_endpoint,
+                "judge_api": self._config.api,
+                "judge_attempt": tally.attempts,
+                "judge_max_attempts": max_attempts,
+                "judge_budget_spent": tally.budget_spent,
+                "judge_failure_kind": kind,
+                "judge_retry_in_s": wait,
+                "judge_swapped": swap,
+            },
         )
 
     def _payload(self, inp: JudgeInput) -> dict[str, Any]:

@@ -234,8 +234,7 @@ async def test_backoff_doubles_from_the_first_sleep_up_to_the_cap() -> None:
 
 
 async def test_backoff_jitter_scales_each_wait_below_its_ceiling() -> None:
-    # tenacity also consults the wait after the final attempt, hence a spare draw.
-    draws = iter([0.25, 0.5, 0.75, 0.0])
+    draws = iter([0.25, 0.5, 0.75])
     sleep = SleepRecorder()
     with FakeJudgeServer(FakeJudgeConfig(fail_503_rate=1.0)) as fake:
         await expect_failure(
