@@ -552,3 +552,25 @@ def test_config_rejects_invalid_settings(bad: dict[str, Any]) -> None:
     settings: dict[str, Any] = {"url": "http://127.0.0.1:8000", "api": "responses", "model": "m"}
     with pytest.raises(ValueError):
         JudgeClientConfig(**{**settings, **bad})
+
+
+# -- logging ----------------------------------------------------------------------------
+
+
+async def test_successful_judge_calls_log_nothing_at_info_and_one_debug_line_per_request(
+    fake: FakeJudgeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)  # every logger, the HTTP library's included
+    async with JudgeClient(config_for(fake), sleep=SleepRecorder()) as client:
+        for _ in range(5):
+            await client.judge(INPUT)
+    assert [r.getMessage() for r in caplog.records] == []
+
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="genrm_grpc.judge.client")
+    async with JudgeClient(config_for(fake), sleep=SleepRecorder()) as client:
+        for _ in range(3):
+            await client.judge(INPUT)
+    requests = [r for r in caplog.records if getattr(r, "judge_outcome", None) == "ok"]
+    assert len(requests) == 3
+    assert all(r.levelno == logging.DEBUG for r in requests)

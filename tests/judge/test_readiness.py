@@ -174,3 +174,29 @@ def test_server_without_a_judge_is_not_serving_for_cohorts_until_the_judge_start
     assert probe_lines[0]["judge_model"] == "genrm-test"
     events = [e["judge_event"] for e in lines if "judge_event" in e]
     assert events == ["probe", "not_serving", "serving"]
+
+
+async def test_with_the_probe_off_the_start_up_line_names_the_judge_and_nothing_is_probed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="genrm_grpc.judge.readiness")
+    readiness = JudgeReadiness(1.0, clock=ManualClock())
+    changes: list[bool] = []
+
+    async def on_change(ready: bool) -> None:
+        changes.append(ready)
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: a probe would fail
+    async with JudgeClient(JudgeClientConfig(url=url, api="responses", model="m")) as client:
+        monitor = JudgeMonitor(
+            client, readiness, probe="off", probe_timeout_s=5.0, on_change=on_change
+        )
+        task = asyncio.create_task(monitor.run())
+        await asyncio.sleep(0)  # the start-up line is logged before the first await
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    events = [getattr(r, "judge_event", None) for r in caplog.records]
+    assert events == ["configured"]
+    assert url in caplog.records[0].getMessage()
+    assert readiness.reachable and changes == []
