@@ -59,6 +59,14 @@ class JudgeSettings(BaseModel):
     #: Larger judge response bodies fail that attempt like an unparseable answer.
     max_response_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
 
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            # Never echo the value: it may carry a password (user-info).
+            raise ValueError("must start with http:// or https://")
+        return value
+
     def api_key(self) -> str | None:
         if not self.api_key_env:
             return None

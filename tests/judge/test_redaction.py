@@ -12,6 +12,7 @@ import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient, CohortError
 
+from genrm_grpc.config import ConfigError, load_settings
 from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig, JudgeFailedError, JudgeInput
 from genrm_grpc.judge.redact import Redactor, redact_url, split_userinfo
 from tests.judge.processes import FakeJudgeProcess, ServerProcess, free_port
@@ -155,3 +156,11 @@ def test_the_judge_password_appears_in_no_failure_reason_compare_error_or_log_li
     assert str(failing_judge.port) not in error.message
     assert any("***@127.0.0.1" in line for line in lines)  # the start-up judge line
     assert not [line for line in lines if SECRET in line]
+
+
+def test_an_invalid_judge_url_is_one_config_line_without_the_password() -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        load_settings(judge={"url": f"ftp://bob:{SECRET}@judge:8000"})
+    message = str(excinfo.value)
+    assert "judge.url" in message and "http://" in message
+    assert SECRET not in message and "\n" not in message
