@@ -645,7 +645,27 @@ def schedule_section(out: dict[str, Any]) -> str:
     )
 
 
-def markdown(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
+KEPT_SECTION = "## Judge client"
+
+
+def kept_section(path: pathlib.Path) -> str | None:
+    """The "Judge client" section of an existing report, carried over unchanged.
+
+    Its figures come from bench/judge_clients.py and bench/judge_outage.py (separate
+    processes, run by hand), not from this run.
+    """
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    start = text.find("\n" + KEPT_SECTION + "\n")
+    if start < 0:
+        return None
+    end = text.find("\n## ", start + 1)
+    return text[start + 1 : end if end >= 0 else len(text)].rstrip("\n")
+
+
+def markdown(out: dict[str, Any], plots: dict[str, str], rel: str, kept: str | None = None) -> str:
     parts = [
         "# Performance",
         "",
@@ -675,6 +695,8 @@ def markdown(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
         parts += ["", memory_section(out)]
     if "schedule" in out:
         parts += ["", schedule_section(out)]
+    if kept is not None:
+        parts += ["", kept]
     parts += [
         "",
         "## Reproduce",

@@ -1010,7 +1010,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     assets = docs / "performance"
     plots = report.write_plots(out, assets)
     (assets / "results.json").write_text(text)
-    (docs / "performance.md").write_text(report.markdown(out, plots, "performance"))
+    kept = report.kept_section(docs / "performance.md")
+    (docs / "performance.md").write_text(report.markdown(out, plots, "performance", kept))
     print(f"total {out['duration_s']} s; results written to {output}; report {docs}/performance.md")
     return 0
 

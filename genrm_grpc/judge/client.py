@@ -779,9 +779,13 @@ class JudgeClient:
     async def _read(self, response: aiohttp.ClientResponse, attempt_no: int) -> _Reply:
         cap = self._config.max_response_bytes
         declared = response.content_length
-        if declared is not None and declared > cap:
-            response.close()  # drop the connection rather than drain an oversized body
-            raise self._oversized(attempt_no, declared)
+        if declared is not None:
+            if declared > cap:
+                response.close()  # drop the connection rather than drain an oversized body
+                raise self._oversized(attempt_no, declared)
+            # The body is exactly Content-Length bytes: one read, no chunk loop.
+            body = await response.read()
+            return _Reply(response.status, body, response.headers.get("Retry-After"))
         chunks: list[bytes] = []
         size = 0
         async for chunk in response.content.iter_chunked(_READ_CHUNK):

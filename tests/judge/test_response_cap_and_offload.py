@@ -143,3 +143,40 @@ async def test_an_unparseable_large_answer_is_parsed_off_the_loop_too(
 def test_max_response_bytes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_response_bytes"):
         _config("http://127.0.0.1:1", max_response_bytes=0)
+
+
+async def test_a_chunked_body_without_content_length_is_cut_off_at_the_cap() -> None:
+    # The fake judge always sends Content-Length; a judge behind a streaming proxy may
+    # not. A raw loopback HTTP/1.1 peer streams an endless chunked body.
+    chunk = b"x" * 4096
+    served = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        try:
+            for _ in range(1000):  # ~4 MiB if nobody stops reading
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            served.set()
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        config = _config(f"http://127.0.0.1:{port}", parse_retries=0, max_response_bytes=64 * 1024)
+        async with JudgeClient(config, sleep=_no_sleep) as client:
+            outcome = await client.judge(INPUT)
+        await asyncio.wait_for(served.wait(), 30)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+    assert outcome.verdict.parse_failed  # oversized counts as a completed answer
+    assert outcome.attempts == 1
