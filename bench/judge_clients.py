@@ -48,6 +48,10 @@ line on, and ``sniffio`` unimportable, as it was in the service's environment).
 ``aiohttp``: one ``aiohttp.ClientSession`` with a ``TCPConnector`` sized to C.
 ``genrm``: the service's ``JudgeClient`` (whatever library it is built on)."""
 
+_CANNED_VERDICT = (
+    "Response 1 answers the question directly; response 2 repeats it backwards.\n"
+    '```json\n{"score_1": 5, "score_2": 2, "ranking": 1}\n```'
+)
 _ANSWER = "The answer is 42 because of the reasons laid out below. " * 18
 
 
@@ -186,8 +190,6 @@ def _serve_canned(port: int, latency_ms: float) -> None:
     """
     from aiohttp import web
 
-    from genrm_grpc.judge.fake import verdict_text
-
     answer = json.dumps(
         {
             "status": "completed",
@@ -197,7 +199,7 @@ def _serve_canned(port: int, latency_ms: float) -> None:
                     "content": [
                         {
                             "type": "output_text",
-                            "text": verdict_text("What is it?", _ANSWER, _ANSWER[::-1]),
+                            "text": _CANNED_VERDICT,
                         }
                     ],
                 }
