@@ -46,7 +46,7 @@ class BlockedJudge:
 
     async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome:
         await self.release.wait()
-        return JudgeOutcome(verdict=FIXED_VERDICT, usage=None, attempts=1, text="")
+        return JudgeOutcome(verdict=FIXED_VERDICT, usage=None, attempts=1)
 
 
 def make_runtime(judge: Any, retained: int) -> CohortRuntime:

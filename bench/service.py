@@ -48,7 +48,7 @@ class InstantJudge:
         if self._delay is not None:
             await asyncio.sleep(self._delay())
         verdict = FIXED_VERDICT.swapped() if swap else FIXED_VERDICT
-        return JudgeOutcome(verdict=verdict, usage=None, attempts=1, text="")
+        return JudgeOutcome(verdict=verdict, usage=None, attempts=1)
 
 
 # ----------------------------------------------------------------------------- requests

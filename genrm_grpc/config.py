@@ -72,6 +72,16 @@ class JudgeSettings(BaseModel):
     api_key_env: str | None = None
     max_connections: Annotated[int, Field(ge=1)] = 64
     max_retry_sleep_s: Seconds = 30.0
+    #: Larger judge response bodies fail that attempt like an unparseable answer.
+    max_response_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            # Never echo the value: it may carry a password (user-info).
+            raise ValueError("must start with http:// or https://")
+        return value
 
     def api_key(self) -> str | None:
         if not self.api_key_env:
@@ -259,6 +269,16 @@ class Settings(BaseSettings):
     cohort_collection_timeout_s: Seconds = 1800.0
     cohort_evaluation_timeout_s: Seconds = 3600.0
     judge_request_timeout_s: Seconds = 1800.0
+    #: 0 = NeMo Gym's behaviour; > 0: connection failures, resets, 502/503/504 and
+    #: request timeouts are retried for this long without spending genrm_parse_retries.
+    judge_outage_tolerance_s: NonNegative = 0.0
+    #: Send a second, identical request when one is unanswered this long (None = off).
+    judge_hedge_after_s: Seconds | None = None
+    #: ``startup``: one cheap request to the judge at start-up, its result in one line.
+    judge_probe: Literal["startup", "off"] = "startup"
+    judge_probe_timeout_s: Seconds = 5.0
+    #: Judge unreachable for longer than this → CohortService health NOT_SERVING.
+    judge_unreachable_window_s: Seconds = 30.0
     cohort_result_ttl_s: Seconds = 3600.0
     max_terminal_cohorts: Annotated[int, Field(ge=1)] = 4096
 

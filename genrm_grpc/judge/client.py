@@ -2,31 +2,46 @@
 
 A comparison is one logical call, ``JudgeClient.judge``, that may cost several HTTP
 attempts. Every attempt draws on one shared budget (``genrm_parse_retries`` retries, so
-``parse_retries + 1`` attempts): malformed, empty or budget-exhausted answers, HTTP
-408/429/5xx, connection failures, interrupted bodies and invalid JSON bodies all spend it.
-Other HTTP errors (400, 401, 404, ...) and an expired per-request deadline fail at once.
+``parse_retries + 1`` attempts): malformed, oversized, empty or budget-exhausted answers,
+HTTP 408/429/5xx, connection failures, interrupted bodies and invalid JSON bodies all
+spend it. Other HTTP errors (400, 401, 404, ...) and an expired per-request deadline fail
+at once.
 
-When the budget is spent the outcome depends on the *last* attempt only:
+When the budget is spent, the outcome depends on whether *any* attempt of the comparison
+produced a completed judge answer, not on the order of the failures:
 
-* it produced a completed, non-empty answer that does not parse into a verdict →
-  the neutral default verdict, flagged ``parse_failed`` (GenRM convention);
-* anything else (no completed answer: transport or HTTP failures, incomplete answers,
-  an empty answer) → ``JudgeFailedError``. The caller masks the group instead of
-  inventing a reward. NeMo Gym's genrm_compare differs here on purpose: it turns every
-  exception into the default verdict, which silently fabricates rewards.
+* some attempt got a completed, non-empty answer that did not parse into a verdict (or
+  an answer over ``max_response_bytes``) → the neutral default verdict, flagged
+  ``parse_failed`` (GenRM convention), whatever the other attempts ended in;
+* no attempt got one (transport or HTTP failures, incomplete answers, empty answers on
+  every attempt) → ``JudgeFailedError``. The caller masks the group instead of inventing
+  a reward. NeMo Gym's genrm_compare differs here on purpose: it turns every exception
+  into the default verdict, which silently fabricates rewards.
 
-Two wire formats are spoken (PROTOCOL.md, "Judging"): ``responses``
+Outage tolerance (``outage_tolerance_s`` > 0): connection failures, resets, interrupted
+bodies, HTTP 502/503/504 and per-request timeouts are retried with the same backoff for
+up to that many seconds of continuous outage without spending the budget. Hedging
+(``hedge_after_s``): an attempt still unanswered after that long gets a second, identical
+request; the first to come back is used and the other is cancelled.
+
+Two wire formats are spoken (docs/protocol.md): ``responses``
 (NeMo Gym's GenRM model server, answers in ``metadata``) and ``chat_completions``
 (vLLM serving the GenRM chat template, answers as ``response_1``/``response_2`` roles).
+
+The HTTP library is aiohttp (one ``ClientSession`` with a keep-alive ``TCPConnector``),
+chosen by measurement: see "Judge client" in docs/performance.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import concurrent.futures
 import email.utils
 import json
 import logging
 import math
+import os
 import random as _random
 import time
 from collections import Counter
@@ -36,11 +51,9 @@ from datetime import UTC
 from types import TracebackType
 from typing import Any, Literal, Self
 
-import httpx
-from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt
-from tenacity.retry import retry_base
-from tenacity.wait import wait_base
+import aiohttp
 
+from genrm_grpc.judge.redact import Redactor, redact_url, split_userinfo
 from genrm_grpc.observability.hooks import ComparisonOutcome, JudgeObserver, NullJudgeObserver
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.scoring.verdict import parse_verdict
@@ -52,8 +65,16 @@ JudgeApi = Literal["responses", "chat_completions"]
 MAX_REASON_CHARS = 2000
 """Failure reasons travel to collectors in ``failure_reason``; the protocol caps them."""
 
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+"""Default cap of one judge response body (``judge.max_response_bytes``)."""
+
+OFFLOAD_BYTES = 64 * 1024
+"""Bodies at least this large are decoded and parsed in a worker thread, not on the loop."""
+
 _EXCERPT_CHARS = 300
 _RETRYABLE_STATUSES = frozenset({408, 429})
+_OUTAGE_STATUSES = frozenset({502, 503, 504})
+_READ_CHUNK = 64 * 1024
 # Exponent cap for the backoff so that 2**n never overflows a float.
 _MAX_BACKOFF_EXPONENT = 60
 
@@ -62,14 +83,17 @@ _MAX_BACKOFF_EXPONENT = 60
 class JudgeClientConfig:
     """How to reach the judge and how hard to try.
 
-    ``url`` is the server's base URL, with or without a trailing ``/v1``.
+    ``url`` is the server's base URL, with or without a trailing ``/v1``; user-info in it
+    (``user:password@``) is sent as HTTP Basic authentication and redacted everywhere.
     ``request_timeout_s`` (``judge_request_timeout_s``) bounds each HTTP attempt end to
     end: pool wait, connect and connection retries, sending, and reading the whole body.
     ``parse_retries`` (``genrm_parse_retries``) is the one retry budget of a comparison.
     ``retry_sleep_s`` (``genrm_parse_retry_sleep_s``) is the first backoff ceiling; it
     doubles per retry up to ``max_retry_sleep_s`` and the actual wait is drawn uniformly
-    below it (full jitter). ``connect_retries`` are the transport's own immediate retries
-    of failed TCP connects, spent inside one attempt's deadline.
+    below it (full jitter). ``connect_retries`` are immediate retries of failed TCP
+    connects, spent inside one attempt's deadline. ``max_response_bytes`` caps one
+    response body. ``outage_tolerance_s`` (``judge_outage_tolerance_s``) and
+    ``hedge_after_s`` (``judge_hedge_after_s``) are described in the module docstring.
     """
 
     url: str
@@ -87,10 +111,15 @@ class JudgeClientConfig:
     default_ranking: float = 3.5
     max_connections: int = 64
     connect_retries: int = 2
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    outage_tolerance_s: float = 0.0
+    hedge_after_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"judge url must start with http:// or https://, got {self.url!r}")
+            raise ValueError(
+                f"judge url must start with http:// or https://, got {redact_url(self.url)!r}"
+            )
         if self.api not in ("responses", "chat_completions"):
             raise ValueError(
                 f"judge api must be 'responses' or 'chat_completions', got {self.api!r}"
@@ -98,6 +127,9 @@ class JudgeClientConfig:
         _require_positive_finite("request_timeout_s", self.request_timeout_s)
         _require_non_negative_finite("retry_sleep_s", self.retry_sleep_s)
         _require_non_negative_finite("max_retry_sleep_s", self.max_retry_sleep_s)
+        _require_non_negative_finite("outage_tolerance_s", self.outage_tolerance_s)
+        if self.hedge_after_s is not None:
+            _require_positive_finite("hedge_after_s", self.hedge_after_s)
         if self.parse_retries < 0:
             raise ValueError(f"parse_retries must be >= 0, got {self.parse_retries}")
         if self.connect_retries < 0:
@@ -106,15 +138,27 @@ class JudgeClientConfig:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
             raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
+        if self.max_response_bytes < 1:
+            raise ValueError(f"max_response_bytes must be >= 1, got {self.max_response_bytes}")
+
+    @property
+    def base_url(self) -> str:
+        """The judge's base URL without user-info and without a ``/v1`` suffix."""
+        base = split_userinfo(self.url)[0].rstrip("/")
+        if base.endswith("/v1"):
+            base = base[: -len("/v1")]
+        return base
 
     @property
     def endpoint(self) -> str:
-        """The full URL that judge requests are POSTed to."""
-        base = self.url.rstrip("/")
-        if base.endswith("/v1"):
-            base = base[: -len("/v1")]
+        """The full URL that judge requests are POSTed to (no user-info)."""
         path = "/v1/responses" if self.api == "responses" else "/v1/chat/completions"
-        return base + path
+        return self.base_url + path
+
+    @property
+    def display_url(self) -> str:
+        """The configured URL as it may be logged: user-info replaced by ``***``."""
+        return redact_url(self.url)
 
 
 @dataclass(frozen=True)
@@ -143,17 +187,36 @@ class JudgeOutcome:
     verdict: Verdict
     usage: TokenUsage | None
     attempts: int
-    text: str
 
 
 class JudgeFailedError(Exception):
-    """The judge gave no usable answer; ``reason`` says why (at most 2000 characters)."""
+    """The judge gave no usable answer; ``reason`` says why (at most 2000 characters).
+
+    The reason names the failure class and HTTP status, never the judge's address."""
 
     def __init__(self, reason: str, *, kind: str = "failed") -> None:
         self.reason = _truncate(reason, MAX_REASON_CHARS)
         #: What ended the attempt (``deadline``, ``http_400``, ...), for metrics.
         self.kind = kind
         super().__init__(self.reason)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One readiness probe: did the judge answer HTTP at all, and what happened."""
+
+    reachable: bool
+    detail: str
+
+
+class ReachabilityListener:
+    """Told whether judge requests reach the judge; the default ignores it."""
+
+    def judge_reachable(self) -> None:
+        """An HTTP answer came back (any status except 502/503/504)."""
+
+    def judge_unreachable(self, detail: str) -> None:
+        """A request could not connect, was reset, timed out or got 502/503/504."""
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -183,7 +246,12 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
 
 
 class _AttemptFailed(Exception):
-    """One HTTP attempt that did not yield a verdict but may be retried."""
+    """One HTTP attempt that did not yield a verdict but may be retried.
+
+    ``answered``: the judge completed an answer (that did not parse, or was too large),
+    which turns an exhausted budget into the default verdict. ``outage``: a failure that
+    ``outage_tolerance_s`` covers. ``log_detail`` may name addresses (operators only).
+    """
 
     def __init__(
         self,
@@ -191,13 +259,23 @@ class _AttemptFailed(Exception):
         detail: str,
         *,
         retry_after: float | None = None,
-        text: str = "",
+        answered: bool = False,
+        outage: bool = False,
+        log_detail: str | None = None,
     ) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
         self.retry_after = retry_after
-        self.text = text
+        self.answered = answered
+        self.outage = outage
+        self.log_detail = detail if log_detail is None else log_detail
+        #: Set by the client: whether this failure spent the retry budget.
+        self.spent_budget = True
+
+
+class _Deadline(Exception):
+    """The per-request deadline expired (final unless the outage tolerance covers it)."""
 
 
 @dataclass
@@ -205,13 +283,15 @@ class _Tally:
     """Book-keeping for one comparison across its attempts."""
 
     attempts: int = 0
+    budget_spent: int = 0
+    answered: bool = False
+    outage_since: float | None = None
     usage_seen: bool = False
     input_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
     budget_exhausted: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
-    last_text: str = ""
 
     def add_usage(self, usage: TokenUsage) -> None:
         self.usage_seen = True
@@ -225,19 +305,7 @@ class _Tally:
         return TokenUsage(self.input_tokens, self.output_tokens, self.reasoning_tokens)
 
 
-class _RetryOnAttemptFailure(retry_base):
-    """Retry exactly the attempts that ended in ``_AttemptFailed``; anything else ends."""
-
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        outcome = retry_state.outcome
-        return (
-            outcome is not None
-            and outcome.failed
-            and isinstance(outcome.exception(), _AttemptFailed)
-        )
-
-
-class _Backoff(wait_base):
+class _Backoff:
     """Exponential backoff with full jitter that never undercuts a ``Retry-After``.
 
     After the n-th failed attempt the ceiling is ``first * 2**(n-1)`` capped at ``cap``
@@ -251,57 +319,80 @@ class _Backoff(wait_base):
         self._cap = cap
         self._random = random
 
-    def __call__(self, retry_state: RetryCallState) -> float:
-        exponent = min(retry_state.attempt_number - 1, _MAX_BACKOFF_EXPONENT)
+    def wait(self, attempt_number: int, failure: _AttemptFailed) -> float:
+        exponent = min(attempt_number - 1, _MAX_BACKOFF_EXPONENT)
         ceiling = min(self._cap, self._first * 2.0**exponent)
         wait = self._random() * ceiling
-        outcome = retry_state.outcome
-        failure = outcome.exception() if outcome is not None and outcome.failed else None
-        if isinstance(failure, _AttemptFailed) and failure.retry_after is not None:
+        if failure.retry_after is not None:
             wait = max(wait, min(failure.retry_after, self._cap))
         return wait
+
+
+@dataclass(frozen=True)
+class _Reply:
+    status: int
+    body: bytes
+    retry_after: str | None
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A decoded 2xx body: the verdict (or None), the answer's state and its usage."""
+
+    text: str
+    state: str
+    verdict: Verdict | None
+    usage: TokenUsage | None
 
 
 class JudgeClient:
     """Asks the GenRM judge to compare two answers, with retries and a typed failure.
 
-    Owns one pooled ``httpx.AsyncClient``; share one instance across comparisons and
-    close it with ``aclose()`` (or use it as an async context manager). The pool holds
-    ``max_connections`` connections; a comparison waiting for a free one spends its
-    request deadline doing so. An injected ``transport`` brings its own limits and
-    connection retries. ``sleep`` and ``random`` are injectable so tests can record
-    backoff waits instead of sleeping.
+    Owns one ``aiohttp.ClientSession`` (created on first use, inside the running loop)
+    whose keep-alive pool holds ``max_connections`` connections; share one instance
+    across comparisons and close it with ``aclose()`` (or use it as an async context
+    manager). A comparison waiting for a free connection spends its request deadline
+    doing so. ``sleep``, ``random`` and ``clock`` are injectable so tests can record
+    backoff waits instead of sleeping and drive the outage window. Response bodies of
+    ``offload_bytes`` or more are decoded and parsed on ``executor`` (default: the
+    loop's default thread pool). ``reachability`` hears whether requests reach the
+    judge; ``on_hedge`` is called for every hedged request.
     """
 
     def __init__(
         self,
         config: JudgeClientConfig,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
+        clock: Callable[[], float] = time.monotonic,
         observer: JudgeObserver | None = None,
+        reachability: ReachabilityListener | None = None,
+        on_hedge: Callable[[], None] | None = None,
+        offload_bytes: int = OFFLOAD_BYTES,
+        executor: concurrent.futures.Executor | None = None,
     ) -> None:
         self._config = config
+        self._offload_bytes = offload_bytes
+        self._executor = executor
         self._observer: JudgeObserver = observer or NullJudgeObserver()
+        self._reachability = reachability or ReachabilityListener()
+        self._on_hedge = on_hedge or (lambda: None)
         self._endpoint = config.endpoint
+        self._display_endpoint = redact_url(config.url).rstrip("/")
+        self._redact = Redactor(config.url)
         self._sleep = sleep
+        self._clock = clock
         self._backoff = _Backoff(config.retry_sleep_s, config.max_retry_sleep_s, random)
-        limits = httpx.Limits(
-            max_connections=config.max_connections,
-            max_keepalive_connections=config.max_connections,
-        )
-        if transport is None:
-            # Connection retries live in the transport so they stay inside the
-            # per-attempt deadline rather than spending the comparison's retry budget.
-            transport = httpx.AsyncHTTPTransport(retries=config.connect_retries, limits=limits)
-        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self._http = httpx.AsyncClient(
-            transport=transport,
-            headers=headers,
-            timeout=httpx.Timeout(config.request_timeout_s),
-            limits=limits,
-        )
+        headers = {"Content-Type": "application/json"}
+        _, user, password = split_userinfo(config.url)
+        if config.api_key:
+            headers["Authorization"] = f"Bearer {config.api_key}"
+        elif user is not None:
+            token = base64.b64encode(f"{user}:{password or ''}".encode()).decode("ascii")
+            headers["Authorization"] = f"Basic {token}"
+        self._headers = headers
+        self._session: aiohttp.ClientSession | None = None
 
     @property
     def config(self) -> JudgeClientConfig:
@@ -320,7 +411,52 @@ class JudgeClient:
 
     async def aclose(self) -> None:
         """Close the connection pool."""
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self._config.max_connections,
+                limit_per_host=0,
+                # Deadlines are ours (asyncio.timeout per attempt), not aiohttp's.
+                ttl_dns_cache=60,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None),
+                headers=self._headers,
+                auto_decompress=True,
+                raise_for_status=False,
+            )
+        return self._session
+
+    # -- readiness probe ------------------------------------------------------------------
+
+    async def probe(self, timeout_s: float) -> ProbeResult:
+        """One cheap request (``GET /v1/models``) bounded by ``timeout_s``.
+
+        Reachable means the judge answered HTTP with anything but 502/503/504 (a 404 from
+        a server without ``/v1/models`` still shows it is up). Never raises.
+        """
+        url = self._config.base_url + "/v1/models"
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._http().get(url) as response:
+                    status = response.status
+                    await response.content.read(_READ_CHUNK)
+        except TimeoutError:
+            return ProbeResult(False, f"no answer within {timeout_s:g}s")
+        except aiohttp.ClientError as exc:
+            return ProbeResult(False, self._redact(_describe(exc)))
+        except OSError as exc:
+            return ProbeResult(False, self._redact(_describe(exc)))
+        if status in _OUTAGE_STATUSES:
+            return ProbeResult(False, f"HTTP {status}")
+        return ProbeResult(True, f"HTTP {status}")
+
+    # -- comparisons ----------------------------------------------------------------------
 
     async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome:
         """Judge one ordered pair.
@@ -331,81 +467,77 @@ class JudgeClient:
         """
         cfg = self._config
         sent = replace(inp, response_1=inp.response_2, response_2=inp.response_1) if swap else inp
-        payload = self._payload(sent)
+        body = json.dumps(self._payload(sent)).encode("utf-8")
         tally = _Tally()
         max_attempts = cfg.parse_retries + 1
 
-        def log_retry(retry_state: RetryCallState) -> None:
-            outcome = retry_state.outcome
-            failure = outcome.exception() if outcome is not None else None
-            wait = retry_state.next_action.sleep if retry_state.next_action else 0.0
-            kind = failure.kind if isinstance(failure, _AttemptFailed) else "unknown"
-            detail = failure.detail if isinstance(failure, _AttemptFailed) else repr(failure)
-            self._observer.judge_retry(kind)
-            logger.warning(
-                "judge attempt %d/%d failed (%s); retrying in %.3fs: %s",
-                retry_state.attempt_number,
-                max_attempts,
-                kind,
-                wait,
-                _truncate(detail, _EXCERPT_CHARS),
-                extra={
-                    "judge_endpoint": self._endpoint,
-                    "judge_api": cfg.api,
-                    "judge_attempt": retry_state.attempt_number,
-                    "judge_max_attempts": max_attempts,
-                    "judge_failure_kind": kind,
-                    "judge_retry_in_s": wait,
-                    "judge_swapped": swap,
-                },
-            )
-
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(max_attempts),
-            wait=self._backoff,
-            retry=_RetryOnAttemptFailure(),
-            sleep=self._sleep,
-            before_sleep=log_retry,
-            reraise=True,
-        )
-        result: tuple[Verdict, str] | None = None
+        verdict: Verdict | None = None
         started = time.perf_counter()
         outcome: ComparisonOutcome = "failed"
         try:
-            async for attempt in retrying:
-                with attempt:
-                    result = await self._attempt(payload, tally)
+            # A plain loop rather than a retry library: the first attempt usually
+            # answers, and this path runs once per judge call (see docs/performance.md).
+            while True:
+                try:
+                    verdict = await self._attempt(body, tally)
+                    break
+                except _AttemptFailed as failure:
+                    if tally.budget_spent >= max_attempts:
+                        raise
+                    wait = self._backoff.wait(tally.attempts, failure)
+                    self._log_retry(failure, tally, wait, max_attempts, swap)
+                    await self._sleep(wait)
             outcome = "ok"
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         except _AttemptFailed as last:
-            if last.kind != "unparseable":
-                raise JudgeFailedError(self._exhausted_reason(last, tally)) from last
+            if not tally.answered:
+                raise JudgeFailedError(self._exhausted_reason(last, tally)) from None
             outcome = "default_verdict"
             logger.warning(
-                "judge answer unparseable after %d attempts; using the default verdict",
+                "judge gave no parseable verdict in %d attempts; using the default verdict",
                 tally.attempts,
                 extra={
-                    "judge_endpoint": self._endpoint,
+                    "judge_url": self._display_endpoint,
                     "judge_api": cfg.api,
                     "judge_attempts": tally.attempts,
-                    "judge_answer_excerpt": _excerpt(last.text),
+                    "judge_failed_attempts": dict(tally.kinds),
                 },
             )
-            default = Verdict(
+            verdict = Verdict(
                 cfg.default_score, cfg.default_score, cfg.default_ranking, parse_failed=True
             )
-            result = (default, last.text)
         finally:
             self._observer.judge_comparison(outcome, time.perf_counter() - started)
-        assert result is not None  # tenacity either returned a result or raised
-        verdict, text = result
         return JudgeOutcome(
             verdict=verdict.swapped() if swap else verdict,
             usage=tally.usage(),
             attempts=tally.attempts,
-            text=text,
+        )
+
+    def _log_retry(
+        self, failure: _AttemptFailed, tally: _Tally, wait: float, max_attempts: int, swap: bool
+    ) -> None:
+        kind = failure.kind
+        self._observer.judge_retry(kind)
+        logger.warning(
+            "judge attempt %d failed (%s%s); retrying in %.3fs: %s",
+            tally.attempts,
+            kind,
+            "" if failure.spent_budget else ", outage tolerance: budget not spent",
+            wait,
+            self._redact(_truncate(failure.log_detail, _EXCERPT_CHARS)),
+            extra={
+                "judge_url": self._display_endpoint,
+                "judge_api": self._config.api,
+                "judge_attempt": tally.attempts,
+                "judge_max_attempts": max_attempts,
+                "judge_budget_spent": tally.budget_spent,
+                "judge_failure_kind": kind,
+                "judge_retry_in_s": wait,
+                "judge_swapped": swap,
+            },
         )
 
     def _payload(self, inp: JudgeInput) -> dict[str, Any]:
@@ -435,133 +567,270 @@ class JudgeClient:
             body["top_p"] = cfg.top_p
         return body
 
-    async def _attempt(self, payload: dict[str, Any], tally: _Tally) -> tuple[Verdict, str]:
+    async def _attempt(self, body: bytes, tally: _Tally) -> Verdict:
         """One HTTP attempt: a verdict, or ``_AttemptFailed`` / ``JudgeFailedError``."""
         started = time.perf_counter()
         outcome = "error"  # an unexpected exception (a bug): still counted and timed
+        tally.attempts += 1
         try:
-            verdict, text = await self._attempt_verdict(payload, tally)
+            verdict = await self._attempt_verdict(body, tally)
             outcome = "ok"
-        except (_AttemptFailed, JudgeFailedError) as failure:
+        except _AttemptFailed as failure:
+            outcome = failure.kind
+            tally.kinds[failure.kind] += 1
+            self._account(failure, tally)
+            raise
+        except JudgeFailedError as failure:
             outcome = failure.kind
             raise
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         finally:
-            self._observer.judge_request(outcome, time.perf_counter() - started)
-        return verdict, text
-
-    async def _attempt_verdict(self, payload: dict[str, Any], tally: _Tally) -> tuple[Verdict, str]:
-        cfg = self._config
-        tally.attempts += 1
-        attempt_no = tally.attempts
-        try:
-            text = await self._exchange(payload, tally)
-        except _AttemptFailed as failure:
-            tally.kinds[failure.kind] += 1
-            raise
-        verdict = parse_verdict(
-            text, default_score=cfg.default_score, default_ranking=cfg.default_ranking
-        )
-        if verdict is None:
-            tally.kinds["unparseable"] += 1
-            raise _AttemptFailed(
-                "unparseable",
-                f"attempt {attempt_no}: answer has no valid verdict JSON: {_excerpt(text)}",
-                text=text,
+            seconds = time.perf_counter() - started
+            self._observer.judge_request(outcome, seconds)
+            logger.debug(
+                "judge request %s in %.3fs",
+                outcome,
+                seconds,
+                extra={"judge_attempt": tally.attempts, "judge_outcome": outcome},
             )
-        return verdict, text
+        tally.outage_since = None
+        tally.budget_spent += 1
+        return verdict
 
-    async def _exchange(self, payload: dict[str, Any], tally: _Tally) -> str:
-        """Send the request; return a completed, non-empty answer text or raise."""
+    def _account(self, failure: _AttemptFailed, tally: _Tally) -> None:
+        """Decide whether a failed attempt spends the budget (outage tolerance)."""
+        tolerance = self._config.outage_tolerance_s
+        if failure.answered:
+            tally.answered = True
+        if failure.outage and tolerance > 0:
+            now = self._clock()
+            if tally.outage_since is None:
+                tally.outage_since = now
+            if now - tally.outage_since < tolerance:
+                failure.spent_budget = False
+                return
+        else:
+            tally.outage_since = None
+        tally.budget_spent += 1
+
+    async def _attempt_verdict(self, body: bytes, tally: _Tally) -> Verdict:
         cfg = self._config
         attempt_no = tally.attempts
         try:
             async with asyncio.timeout(cfg.request_timeout_s):
-                response = await self._http.post(self._endpoint, json=payload)
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            raise JudgeFailedError(self._deadline_reason(exc, tally), kind="deadline") from exc
-        except httpx.TransportError as exc:
-            raise _AttemptFailed("transport", f"attempt {attempt_no}: {_describe(exc)}") from exc
-        except httpx.DecodingError as exc:
-            raise _AttemptFailed(
-                "invalid_body", f"attempt {attempt_no}: undecodable body: {exc}"
-            ) from exc
+                reply = await self._send(body, attempt_no)
+        except TimeoutError as exc:
+            self._reachability.judge_unreachable("request deadline expired")
+            if cfg.outage_tolerance_s > 0:
+                now = self._clock()
+                since = tally.outage_since if tally.outage_since is not None else now
+                if now - since < cfg.outage_tolerance_s:
+                    raise _AttemptFailed(
+                        "deadline",
+                        f"attempt {attempt_no}: no complete answer within "
+                        f"judge_request_timeout_s={cfg.request_timeout_s:g}s",
+                        outage=True,
+                    ) from None
+            raise JudgeFailedError(self._deadline_reason(tally), kind="deadline") from exc
 
-        status = response.status_code
+        status = reply.status
+        if status in _OUTAGE_STATUSES:
+            self._reachability.judge_unreachable(f"HTTP {status}")
+        else:
+            self._reachability.judge_reachable()
         if status in _RETRYABLE_STATUSES or 500 <= status <= 599:
             raise _AttemptFailed(
                 f"http_{status}",
-                f"attempt {attempt_no}: HTTP {status}: {_excerpt(response.text)}",
-                retry_after=parse_retry_after(response.headers.get("retry-after")),
+                f"attempt {attempt_no}: HTTP {status}",
+                retry_after=parse_retry_after(reply.retry_after),
+                outage=status in _OUTAGE_STATUSES,
+                log_detail=f"attempt {attempt_no}: HTTP {status}: {_excerpt_bytes(reply.body)}",
             )
         if not 200 <= status <= 299:
+            logger.warning(
+                "judge returned HTTP %d (not retried): %s",
+                status,
+                self._redact(_excerpt_bytes(reply.body)),
+                extra={"judge_url": self._display_endpoint, "judge_attempt": attempt_no},
+            )
             raise JudgeFailedError(
-                f"judge returned HTTP {status} for POST {self._endpoint} on attempt "
-                f"{attempt_no}; not retried (only 408, 429 and 5xx are): "
-                f"{_excerpt(response.text)}",
+                f"judge returned HTTP {status} on attempt {attempt_no}; "
+                "not retried (only 408, 429 and 5xx are)",
                 kind=f"http_{status}",
             )
 
-        try:
-            body = json.loads(response.content)
-        except ValueError as exc:
-            raise _AttemptFailed(
-                "invalid_body",
-                f"attempt {attempt_no}: HTTP {status} body is not JSON: {_excerpt(response.text)}",
-            ) from exc
-        if not isinstance(body, dict):
-            raise _AttemptFailed(
-                "invalid_body",
-                f"attempt {attempt_no}: HTTP {status} body is not a JSON object: "
-                f"{_excerpt(response.text)}",
+        if len(reply.body) >= self._offload_bytes:
+            # Decoding a large body and scanning a large answer are CPU work: keep them
+            # off the event loop so health checks and other cohorts keep being served.
+            answer = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._decode, reply.body, attempt_no
             )
+        else:
+            answer = self._decode(reply.body, attempt_no)
+        if answer.usage is not None:
+            tally.add_usage(answer.usage)
 
-        usage = _read_usage(body, cfg.api)
-        if usage is not None:
-            tally.add_usage(usage)
-        try:
-            text, state = _read_answer(body, cfg.api)
-        except ValueError as exc:
-            raise _AttemptFailed(
-                "invalid_body", f"attempt {attempt_no}: unexpected answer shape: {exc}"
-            ) from exc
-        tally.last_text = text
-
-        if state == "budget_exhausted":
+        if answer.state == "budget_exhausted":
             tally.budget_exhausted += 1
             raise _AttemptFailed(
                 "incomplete_max_output_tokens",
                 f"attempt {attempt_no}: answer incomplete, the judge ran out of output "
                 f"tokens (max_output_tokens={_budget_label(cfg.max_output_tokens)})",
             )
-        if state != "completed":
+        if answer.state != "completed":
             raise _AttemptFailed(
-                "incomplete", f"attempt {attempt_no}: answer not completed ({state})"
+                "incomplete", f"attempt {attempt_no}: answer not completed ({answer.state})"
             )
-        if not text.strip():
+        if not answer.text.strip():
             raise _AttemptFailed("empty_answer", f"attempt {attempt_no}: completed answer is empty")
-        return text
+        if answer.verdict is None:
+            raise _AttemptFailed(
+                "unparseable",
+                f"attempt {attempt_no}: answer has no valid verdict JSON",
+                answered=True,
+                log_detail=(
+                    f"attempt {attempt_no}: answer has no valid verdict JSON: "
+                    f"{_excerpt(answer.text)}"
+                ),
+            )
+        return answer.verdict
 
-    def _deadline_reason(self, exc: BaseException, tally: _Tally) -> str:
+    def _decode(self, raw: bytes, attempt_no: int) -> _Answer:
+        """JSON-decode a 2xx body, extract the answer and parse its verdict (pure CPU)."""
+        cfg = self._config
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise _AttemptFailed(
+                "invalid_body",
+                f"attempt {attempt_no}: HTTP 2xx body is not JSON",
+                log_detail=f"attempt {attempt_no}: body is not JSON: {_excerpt_bytes(raw)}",
+            ) from None
+        if not isinstance(body, dict):
+            raise _AttemptFailed(
+                "invalid_body", f"attempt {attempt_no}: HTTP 2xx body is not a JSON object"
+            )
+        usage = _read_usage(body, cfg.api)
+        try:
+            text, state = _read_answer(body, cfg.api)
+        except ValueError as exc:
+            raise _AttemptFailed(
+                "invalid_body", f"attempt {attempt_no}: unexpected answer shape: {exc}"
+            ) from None
+        verdict = None
+        if state == "completed" and text.strip():
+            verdict = parse_verdict(
+                text, default_score=cfg.default_score, default_ranking=cfg.default_ranking
+            )
+        return _Answer(text, state, verdict, usage)
+
+    async def _send(self, body: bytes, attempt_no: int) -> _Reply:
+        """POST once, hedged after ``hedge_after_s`` when configured."""
+        hedge_after = self._config.hedge_after_s
+        if hedge_after is None:
+            return await self._post(body, attempt_no)
+        first: asyncio.Future[_Reply] = asyncio.ensure_future(self._post(body, attempt_no))
+        tasks = [first]
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=hedge_after)
+            if done:
+                return first.result()
+            self._on_hedge()
+            logger.debug("judge attempt %d hedged after %gs", attempt_no, hedge_after)
+            tasks.append(asyncio.ensure_future(self._post(body, attempt_no)))
+            pending: set[asyncio.Future[_Reply]] = set(tasks)
+            failure: BaseException | None = None
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    error = task.exception()
+                    if error is None:
+                        return task.result()
+                    failure = error
+            assert failure is not None
+            raise failure
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _post(self, body: bytes, attempt_no: int) -> _Reply:
+        """One HTTP request; the whole body is read, up to ``max_response_bytes``."""
+        cfg = self._config
+        connects = 0
+        while True:
+            try:
+                async with self._http().post(self._endpoint, data=body) as response:
+                    return await self._read(response, attempt_no)
+            except aiohttp.ClientConnectorError as exc:
+                if connects < cfg.connect_retries:
+                    connects += 1
+                    continue
+                self._reachability.judge_unreachable(self._redact(_describe(exc)))
+                raise self._transport_failure(exc, attempt_no, "cannot connect") from None
+            except (aiohttp.ClientError, OSError) as exc:
+                self._reachability.judge_unreachable(self._redact(_describe(exc)))
+                raise self._transport_failure(
+                    exc, attempt_no, "connection lost before the answer was complete"
+                ) from None
+
+    async def _read(self, response: aiohttp.ClientResponse, attempt_no: int) -> _Reply:
+        cap = self._config.max_response_bytes
+        declared = response.content_length
+        if declared is not None:
+            if declared > cap:
+                response.close()  # drop the connection rather than drain an oversized body
+                raise self._oversized(attempt_no, declared)
+            # The body is exactly Content-Length bytes: one read, no chunk loop.
+            body = await response.read()
+            return _Reply(response.status, body, response.headers.get("Retry-After"))
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_chunked(_READ_CHUNK):
+            size += len(chunk)
+            if size > cap:
+                response.close()
+                raise self._oversized(attempt_no, size)
+            chunks.append(chunk)
+        return _Reply(response.status, b"".join(chunks), response.headers.get("Retry-After"))
+
+    def _oversized(self, attempt_no: int, size: int) -> _AttemptFailed:
+        return _AttemptFailed(
+            "oversized",
+            f"attempt {attempt_no}: response body over judge.max_response_bytes="
+            f"{self._config.max_response_bytes} ({size} bytes or more)",
+            answered=True,
+        )
+
+    def _transport_failure(self, exc: BaseException, attempt_no: int, what: str) -> _AttemptFailed:
+        return _AttemptFailed(
+            "transport",
+            f"attempt {attempt_no}: {what} ({_failure_class(exc)})",
+            outage=True,
+            log_detail=f"attempt {attempt_no}: {what}: {self._redact(_describe(exc))}",
+        )
+
+    def _deadline_reason(self, tally: _Tally) -> str:
         cfg = self._config
         # NeMo Gym's shared aiohttp client runs without a total timeout, so a hung judge
         # there waits forever; here the deadline is final because it already covered
         # the connection retries and a fresh attempt would just wait as long again.
         reason = (
-            f"judge request deadline expired: no complete answer from POST {self._endpoint} "
-            f"within judge_request_timeout_s={cfg.request_timeout_s:g}s on attempt "
-            f"{tally.attempts} of {cfg.parse_retries + 1} ({type(exc).__name__}); "
-            "the deadline is not retried"
+            "judge request deadline expired: no complete answer within "
+            f"judge_request_timeout_s={cfg.request_timeout_s:g}s on attempt "
+            f"{tally.attempts} of {cfg.parse_retries + 1}; the deadline is not retried"
         )
+        if cfg.outage_tolerance_s > 0:
+            reason += f" beyond judge_outage_tolerance_s={cfg.outage_tolerance_s:g}s of outage"
         return reason + self._budget_advice(tally) + self._outcome_summary(tally)
 
     def _exhausted_reason(self, last: _AttemptFailed, tally: _Tally) -> str:
         cfg = self._config
         reason = (
             f"judge gave no usable verdict after {tally.attempts} attempt(s) "
-            f"(genrm_parse_retries={cfg.parse_retries}) at POST {self._endpoint}"
+            f"(genrm_parse_retries={cfg.parse_retries})"
         )
         return (
             reason
@@ -709,3 +978,21 @@ def _require_positive_finite(name: str, value: float) -> None:
 def _require_non_negative_finite(name: str, value: float) -> None:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+
+
+def _failure_class(exc: BaseException) -> str:
+    """The exception class and, for OS errors, the errno text: no addresses, no URLs."""
+    name = type(exc).__name__
+    seen = 0
+    cause: BaseException | None = exc
+    while cause is not None and seen < 5:
+        errno = getattr(cause, "errno", None)
+        if isinstance(errno, int) and errno > 0:
+            return f"{name}: {os.strerror(errno)}"
+        cause = cause.__cause__ or cause.__context__
+        seen += 1
+    return name
+
+
+def _excerpt_bytes(raw: bytes) -> str:
+    return _excerpt(raw[: 4 * _EXCERPT_CHARS].decode("utf-8", errors="replace"))

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -109,6 +109,19 @@ class ServerMetrics:
             buckets=JUDGE_BUCKETS,
             registry=r,
         )
+        self.judge_hedges = Counter(
+            "genrm_judge_hedges",
+            "Judge requests hedged: a second, identical request sent because the first was "
+            "unanswered after judge_hedge_after_s (the first answer wins).",
+            registry=r,
+        )
+        self.judge_ready = Gauge(
+            "genrm_judge_ready",
+            "1 while the judge counts as reachable; 0 once it has been unreachable for "
+            "longer than judge_unreachable_window_s (the cohort service is NOT_SERVING).",
+            registry=r,
+        )
+        self.judge_ready.set(1)
         self.compare_requests = Counter(
             "genrm_compare_requests",
             "Compare calls by outcome (ok, judge_failed, rejected).",
@@ -151,6 +164,12 @@ class ServerMetrics:
     def judge_comparison(self, outcome: ComparisonOutcome, seconds: float) -> None:
         self.judge_comparisons.labels(outcome).inc()
         self.judge_comparison_duration.observe(seconds)
+
+    def judge_hedged(self) -> None:
+        self.judge_hedges.inc()
+
+    def judge_readiness(self, ready: bool) -> None:
+        self.judge_ready.set(1 if ready else 0)
 
     def cohort_started(self, key: CohortKey) -> None:
         self.cohorts_started.inc()

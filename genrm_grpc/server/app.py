@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from genrm_grpc.cohort.registry import CohortRegistry, RegistryConfig
 from genrm_grpc.config import ConfigError, Settings
 from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig
+from genrm_grpc.judge.readiness import JudgeMonitor, JudgeReadiness
 from genrm_grpc.observability.hooks import (
     FanoutJudgeObserver,
     FanoutRuntimeObserver,
@@ -59,6 +60,9 @@ def judge_client_config(settings: Settings) -> JudgeClientConfig:
         default_score=settings.default_score,
         default_ranking=settings.default_ranking,
         max_connections=judge.max_connections,
+        max_response_bytes=judge.max_response_bytes,
+        outage_tolerance_s=settings.judge_outage_tolerance_s,
+        hedge_after_s=settings.judge_hedge_after_s,
     )
 
 
@@ -171,7 +175,21 @@ class CohortServer:
             self.tracing = _tracing(settings, tracer_provider)
             judge_observer = FanoutJudgeObserver(self.metrics, self.tracing)
             runtime_observer = FanoutRuntimeObserver(self.metrics, self.tracing)
-        self.judge = JudgeClient(judge_client_config(settings), observer=judge_observer)
+        self.judge_readiness = JudgeReadiness(settings.judge_unreachable_window_s)
+        self.judge = JudgeClient(
+            judge_client_config(settings),
+            observer=judge_observer,
+            reachability=self.judge_readiness,
+            on_hedge=self.metrics.judge_hedged,
+        )
+        self.judge_monitor = JudgeMonitor(
+            self.judge,
+            self.judge_readiness,
+            probe=settings.judge_probe,
+            probe_timeout_s=settings.judge_probe_timeout_s,
+            on_change=self._judge_readiness_changed,
+        )
+        self._judge_monitor_task: asyncio.Task[None] | None = None
         store = MemoryStore(
             ttl_s=settings.cohort_result_ttl_s, max_records=settings.max_terminal_cohorts
         )
@@ -279,6 +297,9 @@ class CohortServer:
         await self.server.start()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._judge_monitor_task = asyncio.create_task(
+            self.judge_monitor.run(), name="judge-monitor"
+        )
         log.info(
             "serving",
             extra={
@@ -290,6 +311,12 @@ class CohortServer:
             },
         )
         return self.port
+
+    async def _judge_readiness_changed(self, ready: bool) -> None:
+        # Only the cohort service: overall health ("") stays SERVING for liveness probes.
+        self.metrics.judge_readiness(ready)
+        status = health_pb2.HealthCheckResponse
+        await self.health.set(SERVICE_NAME, status.SERVING if ready else status.NOT_SERVING)
 
     @property
     def metrics_port(self) -> int | None:
@@ -325,6 +352,10 @@ class CohortServer:
     async def _stop(self) -> None:
         grace = self.settings.shutdown_grace_s
         log.info("draining", extra={"grace_s": grace})
+        if self._judge_monitor_task is not None:
+            # First, so that it cannot set the cohort service SERVING while draining.
+            self._judge_monitor_task.cancel()
+            await asyncio.gather(self._judge_monitor_task, return_exceptions=True)
         await self.health.enter_graceful_shutdown()
         # server.stop refuses new calls and sends GOAWAY now; calls in flight get the
         # grace plus FLUSH_S, and it returns as soon as the last one has finished.

@@ -112,7 +112,6 @@ async def test_both_wire_formats_return_the_judges_parsed_verdict(
 
     assert outcome.verdict == expected_verdict(ANSWER_A, ANSWER_B)
     assert outcome.attempts == 1
-    assert "```json" in outcome.text
     stats = fake.stats()
     assert stats["by_endpoint"] == {api: 1}
     assert stats["last_request"]["model"] == "genrm"
@@ -235,8 +234,7 @@ async def test_backoff_doubles_from_the_first_sleep_up_to_the_cap() -> None:
 
 
 async def test_backoff_jitter_scales_each_wait_below_its_ceiling() -> None:
-    # tenacity also consults the wait after the final attempt, hence a spare draw.
-    draws = iter([0.25, 0.5, 0.75, 0.0])
+    draws = iter([0.25, 0.5, 0.75])
     sleep = SleepRecorder()
     with FakeJudgeServer(FakeJudgeConfig(fail_503_rate=1.0)) as fake:
         await expect_failure(
@@ -304,7 +302,6 @@ async def test_malformed_answers_exhaust_the_budget_then_fall_back_to_the_defaul
     assert outcome.attempts == 4
     assert stats["total"] == 4
     assert stats["pairs"] == {pair_key(ANSWER_A, ANSWER_B): 4}
-    assert "Scores: undecided" in outcome.text
 
 
 async def test_default_verdict_uses_the_configured_defaults() -> None:
@@ -324,20 +321,51 @@ async def test_budget_exhaustion_then_a_malformed_last_answer_still_falls_back()
     assert outcome.attempts == 3
 
 
-async def test_incomplete_last_answer_after_malformed_ones_is_a_judge_failure() -> None:
+async def test_malformed_then_budget_exhausted_twice_falls_back_like_the_reverse_order() -> None:
+    # The case: the completed-but-unparseable answer came first. The outcome
+    # must not depend on what followed it.
+    config = FakeJudgeConfig(malformed_first_n=1, budget_exhaust_rate=1.0)
+    with FakeJudgeServer(config) as fake:
+        outcome = await judge_once(fake, parse_retries=2)
+        stats = fake.stats()
+
+    assert stats["by_outcome"] == {"malformed": 1, "budget_exhaust": 2}
+    assert outcome.verdict == DEFAULT_VERDICT
+    assert outcome.attempts == 3
+
+
+async def test_an_empty_last_answer_after_a_malformed_one_still_falls_back() -> None:
+    config = FakeJudgeConfig(malformed_first_n=1, empty_rate=1.0)
+    with FakeJudgeServer(config) as fake:
+        outcome = await judge_once(fake, parse_retries=1)
+        stats = fake.stats()
+
+    assert stats["by_outcome"] == {"malformed": 1, "empty": 1}
+    assert outcome.verdict == DEFAULT_VERDICT
+
+
+async def test_an_incomplete_last_answer_after_malformed_ones_falls_back() -> None:
     with FakeJudgeServer(FakeJudgeConfig(malformed_rate=1.0)) as fake:
 
         def before_last_attempt(waits_so_far: int) -> None:
             if waits_so_far == 3:
                 fake.set_faults(malformed_rate=0.0, budget_exhaust_rate=1.0)
 
-        error = await expect_failure(
-            fake, sleep=SleepRecorder(before_last_attempt), max_output_tokens=300
-        )
+        outcome = await judge_once(fake, sleep=SleepRecorder(before_last_attempt))
         stats = fake.stats()
 
     assert stats["by_outcome"] == {"malformed": 3, "budget_exhaust": 1}
-    assert "1 of 4 attempt(s) ended incomplete" in error.reason
+    assert outcome.verdict == DEFAULT_VERDICT
+
+
+async def test_transport_and_http_failures_around_no_completed_answer_are_masked() -> None:
+    config = FakeJudgeConfig(reset_first_n=1, fail_503_first_n=2, budget_exhaust_rate=1.0)
+    with FakeJudgeServer(config) as fake:
+        error = await expect_failure(fake, parse_retries=3, max_output_tokens=300)
+        stats = fake.stats()
+
+    assert stats["by_outcome"] == {"reset": 1, "fail_503": 1, "budget_exhaust": 2}
+    assert "2 of 4 attempt(s) ended incomplete" in error.reason
     assert "max_output_tokens=300" in error.reason
 
 
@@ -368,7 +396,6 @@ async def test_persistent_503_exhausts_the_budget_and_fails_with_the_last_status
     assert len(sleep.waits) == 3
     assert "after 4 attempt(s)" in error.reason
     assert "HTTP 503" in error.reason
-    assert "injected overload" in error.reason
     assert "max_output_tokens" not in error.reason
 
 
@@ -437,8 +464,9 @@ async def test_unreachable_judge_is_a_judge_failure_after_the_budget() -> None:
         with pytest.raises(JudgeFailedError) as excinfo:
             await client.judge(INPUT)
 
-    assert "ConnectError" in excinfo.value.reason
+    assert "cannot connect (ClientConnectorError: Connection refused)" in excinfo.value.reason
     assert "after 2 attempt(s)" in excinfo.value.reason
+    assert url.rsplit(":", 1)[1] not in excinfo.value.reason  # no internal address
 
 
 # -- accounting and cancellation --------------------------------------------------------
@@ -524,3 +552,25 @@ def test_config_rejects_invalid_settings(bad: dict[str, Any]) -> None:
     settings: dict[str, Any] = {"url": "http://127.0.0.1:8000", "api": "responses", "model": "m"}
     with pytest.raises(ValueError):
         JudgeClientConfig(**{**settings, **bad})
+
+
+# -- logging ----------------------------------------------------------------------------
+
+
+async def test_successful_judge_calls_log_nothing_at_info_and_one_debug_line_per_request(
+    fake: FakeJudgeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)  # every logger, the HTTP library's included
+    async with JudgeClient(config_for(fake), sleep=SleepRecorder()) as client:
+        for _ in range(5):
+            await client.judge(INPUT)
+    assert [r.getMessage() for r in caplog.records] == []
+
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="genrm_grpc.judge.client")
+    async with JudgeClient(config_for(fake), sleep=SleepRecorder()) as client:
+        for _ in range(3):
+            await client.judge(INPUT)
+    requests = [r for r in caplog.records if getattr(r, "judge_outcome", None) == "ok"]
+    assert len(requests) == 3
+    assert all(r.levelno == logging.DEBUG for r in requests)

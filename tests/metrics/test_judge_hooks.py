@@ -1,38 +1,30 @@
-"""What the judge client reports to its observer, per attempt and per comparison."""
+"""What the judge client reports to its observer, per attempt and per comparison.
+
+The judge is the real fake judge (``genrm-grpc fake-judge``) in its own process, with
+faults injected per request.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Callable
+import time
+from typing import Any
 
-import httpx
 import pytest
 
 from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig, JudgeFailedError, JudgeInput
 from genrm_grpc.observability.metrics import ServerMetrics
+from tests.judge.processes import FakeJudgeProcess
 
 INPUT = JudgeInput((("user", "Name a prime."),), "Seven.", "Four.")
-VERDICT = 'Seven is right.\n```json\n{"score_1": 5, "score_2": 1, "ranking": 1}\n```'
 
 
-def _answer(text: str) -> httpx.Response:
-    body = {
-        "status": "completed",
-        "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
-    }
-    return httpx.Response(200, content=json.dumps(body).encode())
-
-
-def _client(
-    handler: Callable[[httpx.Request], httpx.Response], metrics: ServerMetrics, **config: float
-) -> JudgeClient:
+def _client(judge: FakeJudgeProcess, metrics: ServerMetrics, **config: Any) -> JudgeClient:
     async def no_sleep(_seconds: float) -> None:
         return None
 
     return JudgeClient(
-        JudgeClientConfig(url="http://judge.invalid", api="responses", model="genrm", **config),  # type: ignore[arg-type]
-        transport=httpx.MockTransport(handler),
+        JudgeClientConfig(url=judge.url, api="responses", model="genrm", **config),
         sleep=no_sleep,
         observer=metrics,
     )
@@ -45,9 +37,10 @@ def _value(metrics: ServerMetrics, name: str, **labels: str) -> float:
 
 async def test_retried_then_ok_counts_each_attempt_and_one_comparison() -> None:
     metrics = ServerMetrics()
-    replies = iter([httpx.Response(503), httpx.Response(429), _answer(VERDICT)])
-    async with _client(lambda _r: next(replies), metrics) as client:
-        out = await client.judge(INPUT)
+    faults = ("--fail-503-first-n", "1", "--fail-429-first-n", "2", "--retry-after-s", "-1")
+    with FakeJudgeProcess(None, *faults) as judge:
+        async with _client(judge, metrics) as client:
+            out = await client.judge(INPUT)
     assert out.attempts == 3
     assert _value(metrics, "genrm_judge_requests_total", outcome="http_503") == 1
     assert _value(metrics, "genrm_judge_requests_total", outcome="http_429") == 1
@@ -61,8 +54,9 @@ async def test_retried_then_ok_counts_each_attempt_and_one_comparison() -> None:
 
 async def test_unparseable_answers_end_in_the_default_verdict() -> None:
     metrics = ServerMetrics()
-    async with _client(lambda _r: _answer("no verdict here"), metrics, parse_retries=1) as client:
-        out = await client.judge(INPUT)
+    with FakeJudgeProcess(None, "--malformed-rate", "1") as judge:
+        async with _client(judge, metrics, parse_retries=1) as client:
+            out = await client.judge(INPUT)
     assert out.verdict.parse_failed
     assert _value(metrics, "genrm_judge_requests_total", outcome="unparseable") == 2
     assert _value(metrics, "genrm_judge_retries_total", cause="unparseable") == 1
@@ -71,36 +65,38 @@ async def test_unparseable_answers_end_in_the_default_verdict() -> None:
 
 async def test_final_failures_are_counted_by_kind() -> None:
     metrics = ServerMetrics()
-    async with _client(lambda _r: httpx.Response(400), metrics) as client:
-        with pytest.raises(JudgeFailedError):
-            await client.judge(INPUT)
+    with FakeJudgeProcess(None, "--fail-400-rate", "1") as judge:
+        async with _client(judge, metrics) as client:
+            with pytest.raises(JudgeFailedError):
+                await client.judge(INPUT)
     assert _value(metrics, "genrm_judge_requests_total", outcome="http_400") == 1
     assert _value(metrics, "genrm_judge_comparisons_total", outcome="failed") == 1
 
-    def hang(_request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("judge too slow")
-
-    async with _client(hang, metrics) as client:
-        with pytest.raises(JudgeFailedError):
-            await client.judge(INPUT)
+    with FakeJudgeProcess(None, "--hang-rate", "1") as judge:
+        async with _client(judge, metrics, request_timeout_s=0.2) as client:
+            with pytest.raises(JudgeFailedError):
+                await client.judge(INPUT)
     assert _value(metrics, "genrm_judge_requests_total", outcome="deadline") == 1
     assert _value(metrics, "genrm_judge_comparisons_total", outcome="failed") == 2
 
 
+def _wait_for_a_request(judge: FakeJudgeProcess) -> bool:
+    deadline = time.monotonic() + 30
+    while judge.stats()["total"] < 1:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 async def test_a_cancelled_comparison_is_counted_as_cancelled() -> None:
     metrics = ServerMetrics()
-    entered = asyncio.Event()
-
-    async def handler(_request: httpx.Request) -> httpx.Response:
-        entered.set()
-        await asyncio.Event().wait()  # never answers
-        raise AssertionError("unreachable")
-
-    async with _client(handler, metrics) as client:  # type: ignore[arg-type]
-        task = asyncio.create_task(client.judge(INPUT))
-        await entered.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    with FakeJudgeProcess(None, "--hang-rate", "1") as judge:
+        async with _client(judge, metrics) as client:
+            task = asyncio.create_task(client.judge(INPUT))
+            assert await asyncio.to_thread(_wait_for_a_request, judge)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
     assert _value(metrics, "genrm_judge_requests_total", outcome="cancelled") == 1
     assert _value(metrics, "genrm_judge_comparisons_total", outcome="cancelled") == 1

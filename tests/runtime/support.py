@@ -129,7 +129,7 @@ class ScriptedJudge:
                 raise call.error
             call.state = "done"
             verdict = call.verdict if call.verdict is not None else self._verdict(inp)
-            return JudgeOutcome(verdict=verdict, usage=USAGE, attempts=1, text="{}")
+            return JudgeOutcome(verdict=verdict, usage=USAGE, attempts=1)
         finally:
             self.in_flight -= 1
 

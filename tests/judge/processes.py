@@ -1,0 +1,137 @@
+"""Real processes for judge tests: the fake judge CLI on a fixed port, the server CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from typing import Any
+
+PY = (sys.executable, "-m", "genrm_grpc.cli")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class FakeJudgeProcess:
+    """``genrm-grpc fake-judge`` on one port; can be stopped and started again on it."""
+
+    def __init__(self, port: int | None = None, *args: str) -> None:
+        self.port = port if port is not None else free_port()
+        self.args = args
+        self.proc: subprocess.Popen[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> FakeJudgeProcess:
+        assert self.proc is None
+        proc = subprocess.Popen(
+            [*PY, "fake-judge", "--port", str(self.port), *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "listening on" not in line:
+            proc.kill()
+            raise RuntimeError(f"fake judge did not start: {line!r}")
+        self.proc = proc
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/stats", timeout=10) as reply:
+            result: dict[str, Any] = json.loads(reply.read())
+            return result
+
+    def set_faults(self, **faults: Any) -> None:
+        request = urllib.request.Request(
+            self.url + "/faults",
+            data=json.dumps(faults).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            reply.read()
+
+    def __enter__(self) -> FakeJudgeProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ServerProcess:
+    """``genrm-grpc serve`` with settings from the environment; stderr lines collected."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = {**os.environ, **env}
+        self.lines: list[str] = []
+        self.target = ""
+        self._proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> ServerProcess:
+        proc = subprocess.Popen(
+            [*PY, "serve", "--listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
+        self._proc = proc
+        assert proc.stdout is not None and proc.stderr is not None
+        self._reader = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._reader.start()
+        line = proc.stdout.readline()
+        if not line.startswith("genrm-grpc serving on"):
+            proc.kill()
+            raise RuntimeError(f"server did not start: {line!r} {self.log_lines()}")
+        self.target = line.rsplit(" ", 1)[1].strip()
+        return self
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            with self._lock:
+                self.lines.append(line.rstrip("\n"))
+
+    def log_lines(self) -> list[str]:
+        with self._lock:
+            return list(self.lines)
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        self._proc.send_signal(signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        self._proc = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
