@@ -153,7 +153,7 @@ def prefill(
     gids = [f"{prefix}-{n}" for n in range(count)]
     for gid in gids:
         key = CohortKey(group_id=gid, legacy_key=None, attempt=attempt)
-        store.raise_watermark(gid, attempt, now)
+        store.raise_watermark(key.group_scope or gid, attempt, now)
         store.put_tombstone(
             Tombstone(
                 key=key,

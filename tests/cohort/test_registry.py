@@ -208,7 +208,7 @@ def test_new_slot_after_completion_is_cohort_closed() -> None:
         Tombstone(key, 3, sub(0).prompt_digest, {0: sub(0).candidate.digest}, completed(3), T0),
         T0,
     )
-    store.raise_watermark("g", 0, T0)
+    store.raise_watermark(key.group_scope or "", 0, T0)
     closed = rejected(reg.submit(sub(1), T0 + 1), Reason.COHORT_CLOSED)
     assert "completed" in closed.message
     assert reg.submit(sub(0), T0 + 1).disposition is Disposition.REPLAYED
@@ -749,7 +749,7 @@ def _prefill(store: MemoryStore, n: int, now: float) -> None:
     for k in range(n):
         key = CohortKey(f"old-{k}", None, 0)
         store.put_tombstone(Tombstone(key, 1, digest, {0: "d" * 64}, outcome, now), now)
-        store.raise_watermark(key.group_id or "", 0, now)
+        store.raise_watermark(key.group_scope or "", 0, now)
 
 
 def _requests(reg: CohortRegistry, n: int, now: float) -> int:
