@@ -1,0 +1,76 @@
+"""The store interface the runtime writes through, and the ``store`` URL that picks one.
+
+``memory://`` keeps nothing across a restart (tests, throwaway runs); ``sqlite:///PATH``
+is the default (``sqlite:///genrm-state.sqlite3``: a file in the working directory;
+``sqlite:////var/lib/genrm/state.sqlite3`` for an absolute path, four slashes as in
+SQLAlchemy's URLs). A shared ``redis://`` backend plugs in behind the same interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from genrm_grpc.store.records import Record, Recovered
+from genrm_grpc.store.sqlite import SqliteStore
+
+DEFAULT_STORE_URL = "sqlite:///genrm-state.sqlite3"
+
+
+class DurableStore(Protocol):
+    async def open(self, now_wall: float) -> Recovered:
+        """Prepare the store and return what it holds that has not expired."""
+
+    def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        """Write ``records``; the future resolves once they are durable (raises StoreError)."""
+
+    async def close(self) -> None: ...
+
+
+class MemoryDurable:
+    """Nothing is written anywhere: a restart starts from nothing."""
+
+    def __init__(self) -> None:
+        self.records = 0
+
+    async def open(self, now_wall: float) -> Recovered:
+        return Recovered()
+
+    def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        self.records += len(records)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    async def close(self) -> None:
+        return None
+
+
+def validate_store_url(url: str) -> str:
+    """The URL itself when this server can open it; ValueError naming the problem."""
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        if parts.netloc or parts.path not in ("", "/"):
+            raise ValueError(f"store {url!r}: memory:// takes no path")
+        return url
+    if parts.scheme == "sqlite":
+        if parts.netloc:
+            raise ValueError(
+                f"store {url!r}: a sqlite URL has no host; use sqlite:///relative/path "
+                "or sqlite:////absolute/path"
+            )
+        if parts.path in ("", "/"):
+            raise ValueError(f"store {url!r}: the sqlite URL names no file")
+        return url
+    raise ValueError(f"store {url!r}: the scheme must be memory:// or sqlite:///PATH")
+
+
+def store_from_url(url: str, *, synchronous: str = "FULL") -> DurableStore:
+    validate_store_url(url)
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return MemoryDurable()
+    # sqlite:///rel → "/rel" → "rel"; sqlite:////abs → "//abs" → "/abs".
+    return SqliteStore(parts.path[1:], synchronous=synchronous)
