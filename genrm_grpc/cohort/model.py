@@ -7,9 +7,12 @@ registry owns and mutates.
 from __future__ import annotations
 
 import enum
+import json
+import sys
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
 
@@ -199,6 +202,9 @@ _DIGEST_BYTES = 32
 _ABSENT = bytes(_DIGEST_BYTES)
 
 
+_A = TypeVar("_A", "array[int]", "array[float]")
+
+
 def comparisons_of(member: int, judged: tuple[JudgedPair, ...]) -> tuple[JudgedPair, ...]:
     """The verdicts a member took part in, in aggregation order."""
     return tuple(p for p in judged if member in (p.response_i, p.response_j))
@@ -261,6 +267,57 @@ class _PackedCompleted:
         self.member_pairs = array("I", member_pairs)
         self.metric_names = tuple(outcome.metrics)
         self.metric_values = array("d", outcome.metrics.values())
+
+    def to_bytes(self) -> bytes:
+        """A self-describing binary form (little-endian), for durable stores."""
+        arrays: list[array[int] | array[float]] = [
+            self.pair_index,
+            self.pair_scores,
+            self.judged,
+            self.member_values,
+            self.member_pairs,
+            self.metric_values,
+        ]
+        if self.offsets is not None:
+            arrays.append(self.offsets)
+        header = json.dumps(
+            [list(self.metric_names), [len(a) for a in arrays], len(self.failed)]
+        ).encode()
+        parts = [len(header).to_bytes(4, "little"), header, self.failed]
+        for values in arrays:
+            if sys.byteorder == "big":  # pragma: no cover - no big-endian CI machine
+                values = array(values.typecode, values)
+                values.byteswap()
+            parts.append(values.tobytes())
+        return b"".join(parts)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> _PackedCompleted:
+        size = int.from_bytes(raw[:4], "little")
+        names, lengths, n_pairs = json.loads(raw[4 : 4 + size])
+        pos = 4 + size + n_pairs
+        counts = iter(lengths)
+
+        def take(values: _A) -> _A:
+            nonlocal pos
+            end = pos + next(counts) * values.itemsize
+            values.frombytes(raw[pos:end])
+            if sys.byteorder == "big":  # pragma: no cover
+                values.byteswap()
+            pos = end
+            return values
+
+        self = cls.__new__(cls)
+        self.failed = raw[4 + size : 4 + size + n_pairs]
+        self.pair_index = take(array("I"))
+        self.pair_scores = take(array("d"))
+        self.judged = take(array("I"))
+        self.member_values = take(array("d"))
+        self.member_pairs = take(array("I"))
+        self.metric_values = take(array("d"))
+        self.offsets = take(array("I")) if len(lengths) > 6 else None
+        self.metric_names = tuple(names)
+        return self
 
     def unpack(self) -> Completed:
         index, scores = self.pair_index, self.pair_scores
@@ -328,6 +385,35 @@ class Tombstone:
         self._outcome: _PackedCompleted | Masked | Failed = (
             _PackedCompleted(outcome) if isinstance(outcome, Completed) else outcome
         )
+
+    def to_bytes(self) -> tuple[bytes, bytes | None]:
+        """The packed digests, and the packed outcome when it is a Completed one."""
+        kept = self._outcome
+        return self._digests, kept.to_bytes() if isinstance(kept, _PackedCompleted) else None
+
+    @classmethod
+    def from_bytes(
+        cls,
+        key: CohortKey,
+        group_size: int,
+        prompt_digest: str,
+        digests: bytes,
+        outcome: bytes | Masked | Failed,
+        finished_at: float,
+    ) -> Tombstone:
+        """Rebuild a tombstone from :meth:`to_bytes` without unpacking its outcome."""
+        if len(digests) != group_size * _DIGEST_BYTES:
+            raise ValueError("packed digests do not match the group size")
+        self = cls.__new__(cls)
+        self.key = key
+        self.group_size = group_size
+        self.prompt_digest = prompt_digest
+        self.finished_at = finished_at
+        self._digests = digests
+        self._outcome = (
+            _PackedCompleted.from_bytes(outcome) if isinstance(outcome, bytes) else outcome
+        )
+        return self
 
     def digest_at(self, slot: int) -> str | None:
         """The response digest recorded for ``slot`` (None when the slot was empty)."""

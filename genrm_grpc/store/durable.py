@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from genrm_grpc.store.records import Record, Recovered
+from genrm_grpc.cohort.journal import VerdictJournal
+from genrm_grpc.store.records import (
+    DropCohort,
+    DropTombstone,
+    Record,
+    Recovered,
+    VerdictRecord,
+)
 from genrm_grpc.store.sqlite import SqliteStore
 
 DEFAULT_STORE_URL = "sqlite:///genrm-state.sqlite3"
@@ -26,23 +33,45 @@ class DurableStore(Protocol):
     def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
         """Write ``records``; the future resolves once they are durable (raises StoreError)."""
 
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        """A journaled verdict on the same question within the group ``scope``, if any."""
+
     async def close(self) -> None: ...
 
 
 class MemoryDurable:
-    """Nothing is written anywhere: a restart starts from nothing."""
+    """Nothing is written anywhere: a restart starts from nothing.
+
+    Journaled verdicts are kept in an in-process index, so verdict reuse between
+    attempts of a group works as with a file, for as long as the process lives.
+    """
 
     def __init__(self) -> None:
         self.records = 0
+        self._journal = VerdictJournal()
 
     async def open(self, now_wall: float) -> Recovered:
         return Recovered()
 
     def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
         self.records += len(records)
+        for record in records:
+            if isinstance(record, VerdictRecord):
+                self._journal.add(record)
+            elif isinstance(record, DropTombstone) or (
+                isinstance(record, DropCohort) and not record.keep_verdicts
+            ):
+                self._journal.drop(record.key)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         future.set_result(None)
         return future
+
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        return self._journal.reusable(scope, context, first, second, judge_index, swap)
 
     async def close(self) -> None:
         return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -257,59 +257,3 @@ def decode_outcome(text: str) -> Outcome:
         for k, (reward, raw, overall, adjustment) in enumerate(body["rewards"])
     )
     return Completed(rewards=rewards, metrics=body["metrics"], judged=judged)
-
-
-def encode_digests(digests: Mapping[int, str], group_size: int) -> bytes:
-    """Raw SHA-256 digests slot by slot; an empty slot is 32 zero bytes."""
-    packed = bytearray(32 * group_size)
-    for slot, digest in digests.items():
-        packed[32 * slot : 32 * (slot + 1)] = bytes.fromhex(digest)
-    return bytes(packed)
-
-
-def decode_digests(raw: bytes) -> dict[int, str]:
-    empty = bytes(32)
-    found = {}
-    for slot in range(len(raw) // 32):
-        chunk = raw[32 * slot : 32 * (slot + 1)]
-        if chunk != empty:
-            found[slot] = chunk.hex()
-    return found
-
-
-def encode_verdict(record: VerdictRecord) -> str:
-    v = record.verdict
-    return _dumps(
-        [
-            encode_key(record.cohort),
-            record.scope,
-            record.context,
-            record.first,
-            record.second,
-            record.judge_index,
-            record.swap,
-            record.response_i,
-            record.response_j,
-            [v.score_1, v.score_2, v.ranking, v.parse_failed],
-            None if record.usage is None else list(record.usage),
-            record.finished_at,
-        ]
-    )
-
-
-def decode_verdict(text: str) -> VerdictRecord:
-    (cohort, scope, context, first, second, k, swap, i, j, v, usage, finished_at) = json.loads(text)
-    return VerdictRecord(
-        cohort=decode_key(cohort),
-        scope=scope,
-        context=context,
-        first=first,
-        second=second,
-        judge_index=k,
-        swap=bool(swap),
-        response_i=i,
-        response_j=j,
-        verdict=Verdict(v[0], v[1], v[2], bool(v[3])),
-        usage=None if usage is None else (int(usage[0]), int(usage[1]), int(usage[2])),
-        finished_at=finished_at,
-    )

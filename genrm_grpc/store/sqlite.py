@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from genrm_grpc.cohort.model import Tombstone
-from genrm_grpc.scoring.types import AnswerTexts
+from genrm_grpc.cohort.model import CohortKey, Completed, Failed, Masked, Outcome, Tombstone
+from genrm_grpc.scoring.types import AnswerTexts, Verdict
 from genrm_grpc.store.records import (
     CohortRecord,
     DropCohort,
@@ -42,17 +43,13 @@ from genrm_grpc.store.records import (
     VerdictRecord,
     WatermarkRecord,
     decode_coords,
-    decode_digests,
     decode_key,
     decode_outcome,
     decode_prompt,
-    decode_verdict,
     encode_coords,
-    encode_digests,
     encode_key,
     encode_outcome,
     encode_prompt,
-    encode_verdict,
 )
 
 log = logging.getLogger(__name__)
@@ -88,7 +85,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             group_size INTEGER NOT NULL,
             prompt_digest TEXT NOT NULL,
             digests BLOB NOT NULL,
-            outcome TEXT NOT NULL,
+            packed BLOB,
+            outcome TEXT,
             finished_at REAL NOT NULL,
             expires_at REAL NOT NULL
         )""",
@@ -104,9 +102,24 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             response_i INTEGER NOT NULL,
             response_j INTEGER NOT NULL,
             judge_index INTEGER NOT NULL,
-            body TEXT NOT NULL,
+            scope TEXT,
+            context BLOB NOT NULL,
+            first BLOB NOT NULL,
+            second BLOB NOT NULL,
+            swap INTEGER NOT NULL,
+            score_1 REAL NOT NULL,
+            score_2 REAL NOT NULL,
+            ranking REAL NOT NULL,
+            parse_failed INTEGER NOT NULL,
+            input_tokens INTEGER,
+            output_tokens INTEGER,
+            reasoning_tokens INTEGER,
+            finished_at REAL NOT NULL,
             PRIMARY KEY (cohort, response_i, response_j, judge_index)
         ) WITHOUT ROWID""",
+        # Reuse looks a question up within its group; legacy verdicts have no scope.
+        """CREATE INDEX verdicts_by_question ON verdicts
+            (scope, context, first, second, judge_index, swap) WHERE scope IS NOT NULL""",
     ),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION
@@ -141,6 +154,8 @@ class SqliteStore:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
         self.stats = SqliteStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -158,6 +173,43 @@ class SqliteStore:
             return
         self._queue.put(_STOP)
         await asyncio.to_thread(thread.join)
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with self._reader_lock:
+                reader.close()
+
+    # ------------------------------------------------------------------ reading
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        """A journaled verdict on the same question within the group ``scope``, if any."""
+        return await asyncio.to_thread(
+            self._find_verdict, scope, context, first, second, judge_index, swap
+        )
+
+    def _find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        with self._reader_lock:
+            if self._reader is None:
+                raise StoreError(f"the store {self.path} is closed")
+            try:
+                row = self._reader.execute(
+                    f"SELECT cohort, {_VERDICT_COLUMNS} FROM verdicts WHERE scope = ? AND "
+                    "context = ? AND first = ? AND second = ? AND judge_index = ? AND swap = ? "
+                    "LIMIT 1",
+                    (
+                        scope,
+                        bytes.fromhex(context),
+                        bytes.fromhex(first),
+                        bytes.fromhex(second),
+                        judge_index,
+                        swap,
+                    ),
+                ).fetchone()
+            except sqlite3.Error as exc:
+                raise StoreError(f"the store {self.path} could not be read: {exc}") from exc
+        return None if row is None else _verdict(decode_key(row[0]), row[1:])
 
     # ------------------------------------------------------------------ writing
     def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
@@ -208,6 +260,8 @@ class SqliteStore:
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             recovered = _load(conn, now_wall)
+            self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._reader.execute("PRAGMA query_only=ON")
         except StoreSchemaError:
             conn.close()
             raise
@@ -308,14 +362,26 @@ def _apply(conn: sqlite3.Connection, record: Record) -> None:
             ),
         )
     elif isinstance(record, VerdictRecord):
+        v, usage = record.verdict, record.usage or (None, None, None)
         conn.execute(
-            "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO verdicts VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 encode_key(record.cohort),
                 record.response_i,
                 record.response_j,
                 record.judge_index,
-                encode_verdict(record),
+                record.scope,
+                bytes.fromhex(record.context),
+                bytes.fromhex(record.first),
+                bytes.fromhex(record.second),
+                record.swap,
+                v.score_1,
+                v.score_2,
+                v.ranking,
+                v.parse_failed,
+                *usage,
+                record.finished_at,
             ),
         )
     elif isinstance(record, CohortRecord):
@@ -342,14 +408,16 @@ def _apply(conn: sqlite3.Connection, record: Record) -> None:
             conn.execute("DELETE FROM verdicts WHERE cohort = ?", (key,))
     elif isinstance(record, TombstoneRecord):
         tomb = record.tombstone
+        digests, packed = tomb.to_bytes()
         conn.execute(
-            "INSERT OR REPLACE INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 encode_key(tomb.key),
                 tomb.group_size,
                 tomb.prompt_digest,
-                encode_digests(tomb.digests, tomb.group_size),
-                encode_outcome(tomb.outcome),
+                digests,
+                packed,
+                None if packed is not None else encode_outcome(tomb.outcome),
                 tomb.finished_at,
                 record.expires_at,
             ),
@@ -368,6 +436,36 @@ def _apply(conn: sqlite3.Connection, record: Record) -> None:
         conn.execute("DELETE FROM watermarks WHERE scope = ?", (record.scope,))
     else:  # pragma: no cover - the Record union is closed
         raise TypeError(f"not a store record: {record!r}")
+
+
+_VERDICT_COLUMNS = (
+    "scope, context, first, second, judge_index, swap, response_i, response_j, score_1, "
+    "score_2, ranking, parse_failed, input_tokens, output_tokens, reasoning_tokens, finished_at"
+)
+
+
+def _verdict(cohort: CohortKey, row: Sequence[Any]) -> VerdictRecord:
+    (scope, context, first, second, k, swap, i, j, s1, s2, rank, failed, *usage, finished) = row
+    return VerdictRecord(
+        cohort=cohort,
+        scope=scope,
+        context=context.hex(),
+        first=first.hex(),
+        second=second.hex(),
+        judge_index=k,
+        swap=bool(swap),
+        response_i=i,
+        response_j=j,
+        verdict=Verdict(s1, s2, rank, bool(failed)),
+        usage=None if usage[0] is None else (usage[0], usage[1], usage[2]),
+        finished_at=finished,
+    )
+
+
+def _terminal(outcome: Outcome) -> Masked | Failed:
+    if isinstance(outcome, Completed):
+        raise StoreError("a completed tombstone without its packed outcome")
+    return outcome
 
 
 def _load(conn: sqlite3.Connection, now_wall: float) -> Recovered:
@@ -402,19 +500,19 @@ def _load(conn: sqlite3.Connection, now_wall: float) -> Recovered:
     )
     tombstones = tuple(
         TombstoneRecord(
-            Tombstone(
-                key=decode_key(key),
-                group_size=size,
-                prompt_digest=digest,
-                digests=decode_digests(digests),
-                outcome=decode_outcome(outcome),
-                finished_at=finished,
+            Tombstone.from_bytes(
+                decode_key(key),
+                size,
+                digest,
+                digests,
+                packed if packed is not None else _terminal(decode_outcome(outcome)),
+                finished,
             ),
             expires,
         )
-        for key, size, digest, digests, outcome, finished, expires in conn.execute(
-            "SELECT key, group_size, prompt_digest, digests, outcome, finished_at, expires_at "
-            "FROM tombstones WHERE expires_at > ? ORDER BY expires_at",
+        for key, size, digest, digests, packed, outcome, finished, expires in conn.execute(
+            "SELECT key, group_size, prompt_digest, digests, packed, outcome, finished_at, "
+            "expires_at FROM tombstones WHERE expires_at > ? ORDER BY expires_at",
             (now_wall,),
         )
     )
@@ -424,5 +522,14 @@ def _load(conn: sqlite3.Connection, now_wall: float) -> Recovered:
             "SELECT scope, attempt, expires_at FROM watermarks ORDER BY expires_at"
         )
     )
-    verdicts = tuple(decode_verdict(body) for (body,) in conn.execute("SELECT body FROM verdicts"))
+    # Verdicts of active cohorts only: they are what a resumed evaluation skips. Those
+    # of terminal cohorts stay on disk for reuse lookups (find_verdict).
+    keys: dict[str, CohortKey] = {}
+    verdicts = tuple(
+        _verdict(keys.get(row[0]) or keys.setdefault(row[0], decode_key(row[0])), row[1:])
+        for row in conn.execute(
+            f"SELECT cohort, {_VERDICT_COLUMNS} FROM verdicts "
+            "WHERE cohort IN (SELECT key FROM cohorts)"
+        )
+    )
     return Recovered(cohorts, tombstones, watermarks, verdicts)

@@ -43,6 +43,7 @@ NOW = 1_800_000_000.0
 PROMPT = PromptSpec((("user", "What is 2+2?"), ("assistant", "hm")), "be right", None)
 KEY = CohortKey("group-a", None, 1)
 LEGACY = CohortKey(None, "t7:abc", 0)
+CTX = "c7" * 32
 
 
 def digest(n: int) -> str:
@@ -53,7 +54,7 @@ def verdict_record(cohort: CohortKey, i: int, j: int, k: int = 0) -> VerdictReco
     return VerdictRecord(
         cohort=cohort,
         scope=cohort.group_id,
-        context="ctx",
+        context=CTX,
         first=digest(i),
         second=digest(j),
         judge_index=k,
@@ -133,6 +134,25 @@ async def test_every_record_kind_survives_closing_and_reopening(tmp_path: Path) 
         await again.close()
 
 
+async def test_a_hand_built_outcome_keeps_its_own_comparison_lists(tmp_path: Path) -> None:
+    base = completed()
+    odd = Completed(
+        rewards=(
+            MemberReward(1.0, 1.0, 1.0, 0.0, (base.judged[1],)),
+            MemberReward(2.0, 2.0, 2.0, 0.0, ()),
+        ),
+        metrics={},
+        judged=base.judged,
+    )
+    store, _ = await open_store(tmp_path / "s.sqlite3")
+    await store.persist([TombstoneRecord(tombstone(KEY, odd), NOW + 10)])
+    await store.close()
+    again = SqliteStore(tmp_path / "s.sqlite3")
+    recovered = await again.open(NOW)
+    await again.close()
+    assert recovered.tombstones[0].tombstone.outcome == odd
+
+
 async def test_expired_tombstones_are_not_read_back(tmp_path: Path) -> None:
     store, _ = await open_store(tmp_path / "s.sqlite3")
     await store.persist(
@@ -182,12 +202,45 @@ async def test_drops_remove_records_and_the_verdicts_that_belong_to_them(tmp_pat
             DropWatermark("group-b"),
         ]
     )
+    kept = await store.find_verdict("group-a", CTX, digest(0), digest(1), 0, False)
+    assert kept == verdict_record(KEY, 0, 1)
+    assert await store.find_verdict("group-b", CTX, digest(0), digest(1), 0, False) is None
     await store.close()
     again = SqliteStore(tmp_path / "s.sqlite3")
     recovered = await again.open(NOW)
-    await again.close()
-    assert recovered.cohorts == () and recovered.tombstones == () and recovered.watermarks == ()
-    assert [v.cohort for v in recovered.verdicts] == [KEY]
+    try:
+        assert recovered.cohorts == () and recovered.tombstones == ()
+        assert recovered.watermarks == ()
+        # Only active cohorts' verdicts are read at start-up; the rest stay findable.
+        assert recovered.verdicts == ()
+        found = await again.find_verdict("group-a", CTX, digest(0), digest(1), 0, False)
+        assert found == verdict_record(KEY, 0, 1)
+    finally:
+        await again.close()
+
+
+async def test_reuse_lookups_need_the_same_question(tmp_path: Path) -> None:
+    store, _ = await open_store(tmp_path / "s.sqlite3")
+    await store.persist([verdict_record(KEY, 0, 1), verdict_record(LEGACY, 0, 1)])
+    try:
+        assert await store.find_verdict("group-a", CTX, digest(1), digest(0), 0, False) is None
+        assert await store.find_verdict("group-a", CTX, digest(0), digest(1), 0, True) is None
+        assert (
+            await store.find_verdict("group-a", "d8" * 32, digest(0), digest(1), 0, False) is None
+        )
+        # The legacy verdict (no scope) is never found by a reuse lookup.
+        assert await store.find_verdict("t7:abc", CTX, digest(0), digest(1), 0, False) is None
+    finally:
+        await store.close()
+
+
+async def test_memory_store_reuses_verdicts_until_their_tombstone_goes() -> None:
+    store = MemoryDurable()
+    await store.open(NOW)
+    await store.persist([verdict_record(KEY, 0, 1)])
+    assert await store.find_verdict("group-a", CTX, digest(0), digest(1), 0, False) is not None
+    await store.persist([DropTombstone(KEY)])
+    assert await store.find_verdict("group-a", CTX, digest(0), digest(1), 0, False) is None
 
 
 async def test_batches_queued_during_a_commit_share_the_next_one(tmp_path: Path) -> None:
