@@ -7,7 +7,7 @@
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY constraints.txt pyproject.toml README.md ./
+COPY constraints.txt pyproject.toml README.md LICENSE ./
 COPY clients/python ./clients/python
 COPY genrm_grpc ./genrm_grpc
 COPY docker ./docker
@@ -20,9 +20,12 @@ COPY --from=build /wheels /wheels
 COPY docker/install.sh /tmp/install.sh
 RUN sh /tmp/install.sh /wheels && rm -rf /wheels /tmp/install.sh \
     && useradd --system --uid 10001 --no-create-home genrm
+# The default config (listen 0.0.0.0:50051); mount your own over it. The address comes
+# from the config (or GENRM_LISTEN), never from a flag, so the HEALTHCHECK follows it.
+COPY docker/server.yaml /etc/genrm/server.yaml
 USER genrm
 EXPOSE 50051
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s \
-    CMD ["genrm-grpc", "health", "--server", "127.0.0.1:50051"]
+    CMD ["genrm-grpc", "health", "--config", "/etc/genrm/server.yaml"]
 ENTRYPOINT ["genrm-grpc", "serve"]
-CMD ["--config", "/etc/genrm/server.yaml", "--listen", "0.0.0.0:50051"]
+CMD ["--config", "/etc/genrm/server.yaml"]

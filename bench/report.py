@@ -12,11 +12,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench import mpreport
 from bench.util import md_table
 
 KIB = 1024.0
 TARGETS = {
-    "echo_ratio": 0.5,
     "judge_ratio": 1.0,
     "eager_ratio": 0.5,
     "retained_ratio": 1.2,
@@ -31,7 +31,7 @@ def _f(value: float, digits: int = 1) -> str:
 
 
 def _met(ok: bool) -> str:
-    return "**met**" if ok else "**not met**"
+    return "✔" if ok else "✘"
 
 
 # ----------------------------------------------------------------------------- plots
@@ -43,47 +43,16 @@ def _cdf(ax: Any, values: Sequence[float], label: str, style: str = "-") -> None
     ax.step(xs, ys, style, where="post", label=label)
 
 
-def plot_sweep(echo: dict[str, Any], path: pathlib.Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for api, marker in (("SubmitMember", "o"), ("StreamGroups", "s")):
-        for side, style in (("service", "-"), ("echo", "--")):
-            rows = sorted(
-                (r for r in echo["sweep"] if r["api"] == api and r["side"] == side),
-                key=lambda r: r["in_flight"],
-            )
-            ax.plot(
-                [r["in_flight"] for r in rows],
-                [r["members_per_s"] for r in rows],
-                style,
-                marker=marker,
-                label=f"{api} · {'service' if side == 'service' else 'bare echo'}",
-            )
-    levels = sorted({r["in_flight"] for r in echo["sweep"]})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(levels)
-    ax.set_xticklabels([str(level) for level in levels])
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("groups in flight (16 members each)")
-    ax.set_ylabel("members / s")
-    ax.set_title("Throughput vs concurrent groups (instant judge, one process)")
+def plot_retained_cdf(ret: dict[str, Any], path: pathlib.Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, values in ret["latencies_ms"].items():
+        _cdf(ax, values, name.replace("retained-", "") + " retained")
+    ax.set_xscale("log")
+    ax.set_xlabel("member latency (ms, log scale)")
+    ax.set_ylabel("fraction of members")
+    ax.set_title("SubmitMember latency vs retained cohorts (all rounds pooled)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_latency_cdf(echo: dict[str, Any], path: pathlib.Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    for ax, api in zip(axes, ("SubmitMember", "StreamGroups"), strict=True):
-        lat = echo["latencies_ms"][api]
-        _cdf(ax, lat["service"], "service")
-        _cdf(ax, lat["echo"], "bare echo", "--")
-        ax.set_xlabel("ms (call start → member's result)")
-        ax.set_ylabel("fraction of members")
-        ax.set_title(f"{api}, {echo['plan']['in_flight']} groups in flight")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -123,12 +92,9 @@ def plot_core(core: list[dict[str, Any]], path: pathlib.Path) -> None:
 def write_plots(out: dict[str, Any], assets: pathlib.Path) -> dict[str, str]:
     assets.mkdir(parents=True, exist_ok=True)
     made: dict[str, str] = {}
-    if "echo" in out:
-        if out["echo"]["sweep"]:
-            plot_sweep(out["echo"], assets / "throughput_vs_groups.png")
-            made["sweep"] = "throughput_vs_groups.png"
-        plot_latency_cdf(out["echo"], assets / "latency_cdf.png")
-        made["cdf"] = "latency_cdf.png"
+    if "retained" in out and out["retained"].get("latencies_ms"):
+        plot_retained_cdf(out["retained"], assets / "retained_latency_cdf.png")
+        made["retained"] = "retained_latency_cdf.png"
     if "eager" in out:
         plot_eager_cdf(out["eager"], assets / "eager_post_collection_cdf.png")
         made["eager"] = "eager_post_collection_cdf.png"
@@ -140,17 +106,7 @@ def write_plots(out: dict[str, Any], assets: pathlib.Path) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- markdown
 def targets(out: dict[str, Any]) -> list[list[str]]:
-    rows: list[list[str]] = []
-    if "echo" in out:
-        for api in ("SubmitMember", "StreamGroups"):
-            r = out["echo"]["ratio"][api]
-            rows.append(
-                [
-                    f"{api} throughput ≥ 0.5× bare gRPC echo",
-                    f"{r:.2f}×",
-                    _met(r >= TARGETS["echo_ratio"]),
-                ]
-            )
+    rows: list[list[str]] = mpreport.target_rows(out)
     if "storm" in out:
         s = out["storm"]
         rows.append(
@@ -205,150 +161,21 @@ def machine_section(out: dict[str, Any]) -> str:
             f"{m['mem_gib']} GiB RAM",
             f"- OS: {m['platform']}",
             f"- Python {m['python']}, grpcio {m['grpcio']}, protobuf {m['protobuf']}, "
-            f"httpx {m['httpx']}",
+            f"httpx {m['httpx']}, aiohttp {m.get('aiohttp', '?')} (the baseline's judge client)",
             f"- load average (1/5/15 min) at start: {load0}; at end: {load1}",
             f"- run: {out['started_at']}, {out['duration_s']} s"
             + (" (**--quick**: fewer rounds and groups)" if out.get("quick") else ""),
             "",
-            "Client, server and judge share **one Python process and one event loop** (the "
-            "fake HTTP judge runs in threads of the same process), so the "
-            f"{m['cores']} cores — in practice the one GIL — are shared by client, server "
-            "and judge. Absolute throughput is therefore a lower bound for a real "
-            "deployment; the ratios compare like with like. Other work on the machine "
-            "during the run shows up as noise, which is why every comparison alternates "
-            "its two sides round by round and reports medians.",
+            "Sections 1–5 run the **load generator, the server (`genrm-grpc serve`), the "
+            "judge and the baselines as separate processes** on loopback, so each has its "
+            "own interpreter and GIL; server CPU is the server process's user + system time "
+            f"(`/proc/PID/stat`). The {m['cores']} cores are shared by all of them (and by "
+            "whatever else runs on the machine): absolute figures move with load, so every "
+            "comparison runs its sides in the same run, alternating the order round by round "
+            "(ABAB), and reports the median with the spread of the rounds. Sections 6–10 are "
+            "in-process micro-benchmarks of one part each.",
         ]
     )
-
-
-def echo_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
-    e = out["echo"]
-    p = e["plan"]
-    rows = []
-    for api in ("SubmitMember", "StreamGroups"):
-        for side in ("service", "echo"):
-            s = e["summary"][api][side]
-            rows.append(
-                [
-                    f"{api} · {'service' if side == 'service' else 'bare echo'}",
-                    _f(s["members_per_s"], 0),
-                    _f(s["cpu_us_per_member"], 0),
-                    _f(s["member_p50_ms"]),
-                    _f(s["member_p99_ms"]),
-                    _f(s["group_p50_ms"]),
-                    _f(s["group_p99_ms"]),
-                ]
-            )
-    ratio_lines = [
-        f"- **{api}: service / echo = {e['ratio'][api]:.2f}×** (median of per-round "
-        f"ratios; rounds: {', '.join(f'{x:.2f}' for x in e['ratio_rounds'][api])}); "
-        f"CPU per member {e['summary'][api]['service']['cpu_us_per_member']:.0f} µs vs "
-        f"{e['summary'][api]['echo']['cpu_us_per_member']:.0f} µs."
-        for api in ("SubmitMember", "StreamGroups")
-    ]
-    sizes = e["script_sizes"]
-    text = [
-        "## 1. Service vs a bare gRPC echo (instant judge)",
-        "",
-        f"Groups of {p['group_size']} members with {p['answer_bytes']:,}-byte answers, "
-        f"{p['in_flight']} groups in flight, {p['groups']} groups per run, {p['rounds']} "
-        "rounds; in each round both sides run back to back (order alternating). The "
-        "service is `CohortServer` with its judge replaced by an in-process backend "
-        "that returns a fixed verdict at once (circular pairs: 16 judge calls per "
-        "group). The echo is a `grpc.method_handlers_generic_handler` servicer on its "
-        "own `grpc.aio` server in the same process: it parses each request and answers "
-        "with the **byte-identical responses** the service sent for a recorded group "
-        f"(SubmitMember: {sizes['unary_response_bytes']:,} response bytes per group; "
-        f"StreamGroups: {sizes['stream_events']} events, {sizes['stream_event_bytes']:,} "
-        "bytes per group: accepted, pair_judged and result events). Both are driven "
-        "by the same client code over one channel each. SubmitMember: one call per "
-        "member, the 16 of a group concurrently. StreamGroups: one stream per group "
-        "carrying its 16 members.",
-        "",
-        md_table(
-            [
-                "API · side",
-                "members/s (median)",
-                "CPU µs/member",
-                "member p50 ms",
-                "member p99 ms",
-                "group p50 ms",
-                "group p99 ms",
-            ],
-            rows,
-        ),
-        "",
-        *ratio_lines,
-        f"- Judge calls during the timed runs: {e['judge_calls']:,} for "
-        f"{e['judge_calls_expected']:,} expected (16 per group).",
-        "",
-        "Member latency is queueing for the most part: with "
-        f"{p['in_flight']} groups in flight a member waits behind "
-        f"{p['in_flight'] * p['group_size']} calls in one process (Little's law).",
-    ]
-    short = [api for api in ("SubmitMember", "StreamGroups") if e["ratio"][api] < 0.5]
-    if short:
-        text += [
-            "",
-            f"**Gap ({', '.join(short)} below 0.5×), cause:** CPU. Client, server and "
-            "echo share one GIL, so throughput is the inverse of CPU per member: the "
-            "service's Python work per member (request validation and digests, registry, "
-            "waiter and judge tasks, scoring, building the result and, on StreamGroups, "
-            "one queued event per accepted/pair_judged/result) costs the CPU shown above "
-            "against the echo's bare transport cost. The StreamGroups echo is the "
-            "cheapest baseline of all (one stream per group, canned bytes), so the same "
-            "service work weighs more against it.",
-        ]
-    if "cdf" in plots:
-        text += ["", f"![latency CDFs]({rel}/{plots['cdf']})"]
-    return "\n".join(text)
-
-
-def sweep_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
-    e = out["echo"]
-    levels = sorted({r["in_flight"] for r in e["sweep"]})
-    rows = []
-    for level in levels:
-        cells = [str(level)]
-        for api in ("SubmitMember", "StreamGroups"):
-            got = {r["side"]: r for r in e["sweep"] if r["in_flight"] == level and r["api"] == api}
-            s, x = got["service"], got["echo"]
-            cells += [
-                _f(s["members_per_s"], 0),
-                _f(x["members_per_s"], 0),
-                f"{s['members_per_s'] / x['members_per_s']:.2f}×",
-                _f(s["group_p50_ms"]),
-            ]
-        rows.append(cells)
-    text = [
-        "## 2. Throughput vs concurrent groups",
-        "",
-        "The same two servers at each number of groups in flight (one run per side and "
-        "API per level, sides alternating; at least "
-        f"{min(r['groups'] for r in e['sweep'])} groups per run). The sweep stops at "
-        "48 groups (768 concurrent calls on one channel): at 64 groups (1,024 "
-        "concurrent unary calls on one channel) the channel received a GOAWAY and "
-        "cancelled its calls — against the bare echo as well, so it is a gRPC "
-        "transport limit of a single channel, not of the service.",
-        "",
-        md_table(
-            [
-                "groups in flight",
-                "SubmitMember service/s",
-                "echo/s",
-                "ratio",
-                "group p50 ms",
-                "StreamGroups service/s",
-                "echo/s",
-                "ratio",
-                "group p50 ms",
-            ],
-            rows,
-        ),
-    ]
-    if "sweep" in plots:
-        text += ["", f"![throughput vs groups in flight]({rel}/{plots['sweep']})"]
-    return "\n".join(text)
 
 
 def storm_section(out: dict[str, Any]) -> str:
@@ -357,7 +184,7 @@ def storm_section(out: dict[str, Any]) -> str:
     errors = ", ".join(f"{k}: {v}" for k, v in s["other_errors"].items()) or "none"
     return "\n".join(
         [
-            "## 3. Judge-call economy under a retry storm",
+            "## 6. Judge-call economy under a retry storm",
             "",
             f"{s['groups']} groups of {p['group_size']}, {p['in_flight']} groups at a "
             f"time; every member is sent **{p['sends']} times**, the sends starting at "
@@ -412,7 +239,7 @@ def eager_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
         for schedule in ("eager", "after_collection")
     ]
     text = [
-        "## 4. `eager` vs `after_collection` judging",
+        "## 7. `eager` vs `after_collection` judging",
         "",
         f"{p['groups']} groups of {p['group_size']} per run, groups starting uniformly "
         f"within {p['start_spread_s']} s; each member arrives after a lognormal delay "
@@ -482,7 +309,7 @@ def core_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
     }
     verdict = f"**{r['mean']:.2f}× (target ≤ 1.2: {'met' if r['mean'] <= 1.2 else 'not met'})**"
     text = [
-        "## 5. Per-request latency vs retained cohorts",
+        "## 8. Per-request latency vs retained cohorts",
         "",
         "`CohortRegistry.submit` on a `MemoryStore` pre-filled with terminal cohorts "
         "(tombstone + attempt watermark each) and held at its cap, so it evicts on every "
@@ -516,7 +343,7 @@ def core_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
         "not work proportional to N"
         + (
             "; making it ≤ 1.2× would need a more compact tombstone layout (fewer "
-            "objects per tombstone, see §6)."
+            "objects per tombstone, see §9)."
             if r["mean"] > 1.2
             else ". Run to run this ratio moves between about 1.05× and 1.3× on this "
             "shared VM; this run is within the target."
@@ -524,46 +351,6 @@ def core_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
     ]
     if "core" in plots:
         text += ["", f"![core latency vs retained]({rel}/{plots['core']})"]
-    e2e = out.get("e2e")
-    if e2e:
-        lo2, hi2 = e2e[0], e2e[-1]
-        rr = out["e2e_ratio"]
-        text += [
-            "",
-            "End to end (SubmitMember over gRPC, fake judge over HTTP, groups of "
-            f"{lo2['group_size']}, {lo2['in_flight']} in flight, rounds interleaved):",
-            "",
-            md_table(
-                [
-                    "retained",
-                    "cohorts/s",
-                    "group p50 ms",
-                    "group p99 ms",
-                    "1-in-flight p50 ms",
-                    "judge calls/cohort",
-                    "CPU ms/cohort",
-                    "full GCs (max ms)",
-                ],
-                [
-                    [
-                        f"{x['retained']:,}",
-                        _f(x["cohorts_per_s"]),
-                        _f(x["group_p50_ms"]),
-                        _f(x["group_p99_ms"]),
-                        _f(x["unloaded_p50_ms"]),
-                        _f(x["judge_calls_per_cohort"], 2),
-                        _f(x["cpu_ms_per_cohort"]),
-                        f"{x['gc_full_collections']} ({x['gc_full_max_ms']:.0f})",
-                    ]
-                    for x in e2e
-                ],
-            ),
-            "",
-            f"- {hi2['retained']:,} vs {lo2['retained']:,}: cohorts/s "
-            f"{rr['cohorts_per_s']:.2f}×, group p99 {rr['group_p99']:.2f}×, CPU per cohort "
-            f"{rr['cpu_per_cohort']:.2f}×. The one retained-size effect end to end is the "
-            "cyclic GC: a full collection walks every retained tombstone.",
-        ]
     return "\n".join(text)
 
 
@@ -589,7 +376,7 @@ def memory_section(out: dict[str, Any]) -> str:
     br_rows = [[k, f"{v:,}"] for k, v in br.items() if k != "total"]
     tm = tomb["tracemalloc"]["bytes_per_item"]
     text = [
-        "## 6. Memory",
+        "## 9. Memory",
         "",
         "Each figure comes from a fresh interpreter (`python -m bench.memory KIND METHOD "
         "COUNT`) that builds COUNT cohorts through `CohortRuntime.submit` (as the "
@@ -612,16 +399,18 @@ def memory_section(out: dict[str, Any]) -> str:
         "",
     ]
     if tm > 2 * KIB and br:
-        packed = sum(v for k, v in br.items() if k.startswith("_outcome"))
+        stored = (
+            f"one `bytes` record of {br['stored record']:,} B (raw digests and the packed "
+            "outcome; the table breaks down the object rebuilt from it for a lookup)"
+            if "stored record" in br
+            else "one `bytes` record (raw digests and the packed outcome)"
+        )
         text.append(
-            "Where it goes: tombstones are stored packed (raw 32-byte digests in one "
-            f"`bytes`: {br.get('_digests', 0):,} B; the completed outcome as a few arrays of "
-            f"numbers: {packed:,} B), so one tombstone is {br.get('total', 0):,} B deep; the "
-            "rest of the per-cohort figure is the store's entries (tombstone and attempt "
-            "watermark in insertion-ordered dicts, their keys and expiry tuples) and the "
-            "group id string. Reaching 2 KiB would need folding the arrays into one buffer, "
-            "a raw prompt digest and one shared entry for tombstone and watermark; that is "
-            "not done."
+            f"Where it goes: the store keeps each tombstone as {stored}; the rest of the "
+            "per-cohort figure is the store's entries (expiry tuples under plain tuple "
+            "keys, the attempt watermark) and the group id string. Reaching 2 KiB would "
+            "need a raw prompt digest, fewer per-pair numbers and one shared entry for "
+            "tombstone and watermark; that is not done."
         )
     return "\n".join(text)
 
@@ -631,7 +420,7 @@ def schedule_section(out: dict[str, Any]) -> str:
     times = ", ".join(f"{t:.0f}" for t in s["completion_ms"])
     return "\n".join(
         [
-            "## 7. Judge scheduling order",
+            "## 10. Judge scheduling order",
             "",
             f"{s['groups']} groups of {s['group_size']} submitted at once, "
             f"`judge_max_concurrency={s['judge_max_concurrency']}`, fake judge fixed at "
@@ -661,10 +450,10 @@ def markdown(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
         "",
         md_table(["target", "measured", "status"], targets(out)),
     ]
-    if "echo" in out:
-        parts += ["", echo_section(out, plots, rel)]
-        if out["echo"]["sweep"]:
-            parts += ["", sweep_section(out, plots, rel)]
+    for section in mpreport.sections(out, plots, rel):
+        parts += ["", section]
+    for name in mpreport.KEPT_SECTIONS:
+        parts += ["", mpreport.kept_placeholder(name)]
     if "storm" in out:
         parts += ["", storm_section(out)]
     if "eager" in out:
@@ -681,8 +470,12 @@ def markdown(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
         "",
         "```",
         "make bench                               # full run, rewrites this file",
-        ".venv/bin/python -m bench.run --quick    # ~30 s smoke run, written under "
+        ".venv/bin/python -m bench.run --quick    # ~2–3 min smoke run, written under "
         "bench/results/quick/",
+        ".venv/bin/python -m bench.run --only saturation   # one section (see --help)",
         "```",
+        "",
+        "The harness, its processes and what each section measures: "
+        "[bench/README.md](../bench/README.md).",
     ]
     return "\n".join(parts) + "\n"

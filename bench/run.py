@@ -1,16 +1,21 @@
-"""Benchmarks: core cost vs retained cohorts, end-to-end SubmitMember, judge scheduling.
+"""``make bench``: the multi-process service benchmarks, then in-process micro-benchmarks.
 
-1. ``core``     — ``CohortRegistry.submit`` on a ``MemoryStore`` pre-filled with 100 …
-                  50,000 terminal explicit cohorts (tombstones + watermarks): µs per call
-                  and store records examined per call. Must be flat (PROTOCOL.md "Retention").
-   ``pinned``   — the same mix while more groups are active than the watermark cap
-                  (pinned watermarks must not be rotated wholesale on every request).
-2. ``e2e``      — SubmitMember over real gRPC (loopback) against the fake judge over real
-                  HTTP, with 100 vs 50,000 tombstones pre-filled into the server's store.
-3. ``schedule`` — 16 groups at once with ``judge_max_concurrency=8``: under the priority
-                  scheduler cohorts finish one after another, not all at the end.
+Multi-process (``bench/multiproc.py``; load generator, server, judge and baselines are
+separate processes): ``throughput``, ``single``, ``saturation``, ``retained``,
+``profile``.
 
-``python -m bench.run [--quick]``; results also go to ``bench/results/latest.json``.
+In-process (one interpreter, as micro-benchmarks of one part):
+
+- ``core``     — ``CohortRegistry.submit`` on a ``MemoryStore`` pre-filled with 100 …
+                 50,000 terminal explicit cohorts: µs per call and store records examined
+                 per call. Must be flat.
+- ``pinned``   — the same mix while more groups are active than the watermark cap.
+- ``schedule`` — 16 groups at once with ``judge_max_concurrency=8``: under the priority
+                 scheduler cohorts finish one after another, not all at the end.
+- ``storm``, ``eager`` (``bench/service.py``), ``memory`` (``bench/memory.py``).
+
+``python -m bench.run [--quick] [--only SECTION]``; results also go to
+``bench/results/latest.json``.
 """
 
 from __future__ import annotations
@@ -37,12 +42,12 @@ from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient
 
 from bench import memory, report
+from bench.mpreport import keep_sections
+from bench.multiproc import MP_SECTIONS, QUICK_MULTI, MultiPlan, run_multi
 from bench.service import (
     EagerPlan,
-    EchoPlan,
     StormPlan,
     bench_eager,
-    bench_echo,
     bench_storm,
     stream_limit,
 )
@@ -67,7 +72,7 @@ from genrm_grpc.store.base import CohortStore
 from genrm_grpc.store.memory import MemoryStore
 
 RESULTS_PATH = pathlib.Path(__file__).resolve().parent / "results" / "latest.json"
-SECTIONS = ("core", "pinned", "e2e", "schedule", "echo", "storm", "eager", "memory")
+SECTIONS = (*MP_SECTIONS, "core", "pinned", "schedule", "storm", "eager", "memory")
 DOCS_DIR = pathlib.Path(__file__).resolve().parent.parent / "docs"
 QUICK_DOCS_DIR = RESULTS_PATH.parent / "quick"
 #: A retention long enough that nothing expires during a run (only the count cap evicts).
@@ -82,19 +87,11 @@ class Plan:
     pinned_cap: int = 1_000
     pinned_active: tuple[int, ...] = (500, 5_000)
     pinned_ops: int = 10_000
-    e2e_retained: tuple[int, ...] = (100, 50_000)
-    e2e_groups: int = 480
-    e2e_rounds: int = 2
-    e2e_warmup_groups: int = 64
-    #: Groups run one at a time after the loaded run: latency without queueing.
-    e2e_unloaded_groups: int = 40
-    e2e_in_flight: int = 64
-    e2e_latency_ms: str = "uniform:5:15"
     group_size: int = 8
     sched_groups: int = 16
     sched_concurrency: int = 8
     sched_latency_ms: str = "20"
-    echo: EchoPlan = field(default_factory=EchoPlan)
+    multi: MultiPlan = field(default_factory=MultiPlan)
     storm: StormPlan = field(default_factory=StormPlan)
     eager: EagerPlan = field(default_factory=EagerPlan)
     memory_active: int = 1_000
@@ -107,18 +104,7 @@ QUICK = Plan(
     core_ops=4_000,
     core_rounds=1,
     pinned_ops=2_000,
-    e2e_groups=64,
-    e2e_rounds=1,
-    e2e_warmup_groups=8,
-    e2e_unloaded_groups=8,
-    echo=EchoPlan(
-        groups=32,
-        rounds=2,
-        warmup_groups=8,
-        sweep_levels=(1, 4, 16, 48),
-        sweep_min_groups=8,
-        sweep_groups_per_level=2,
-    ),
+    multi=QUICK_MULTI,
     storm=StormPlan(groups=24),
     eager=EagerPlan(groups=8, rounds=2, start_spread_s=0.4, arrival_median_s=0.2),
     memory_active=200,
@@ -145,34 +131,6 @@ class WarningCounter(logging.Handler):
 
 
 WARNINGS = WarningCounter()
-
-
-class GcMonitor:
-    """Pauses of the cyclic garbage collector while active (a full collection walks
-    every tracked object, retained tombstones included)."""
-
-    def __init__(self) -> None:
-        self.pauses: list[tuple[int, float]] = []
-        self._start = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.pauses.append((info["generation"], time.perf_counter() - self._start))
-
-    def __enter__(self) -> GcMonitor:
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self)
-
-    def total_s(self) -> float:
-        return sum(p for _, p in self.pauses)
-
-    def full(self) -> list[float]:
-        return [p for gen, p in self.pauses if gen == 2]
 
 
 def completed_outcome(size: int) -> Completed:
@@ -441,7 +399,7 @@ def bench_pinned(plan: Plan) -> list[CoreSample]:
     ]
 
 
-# ----------------------------------------------------------------------------- 2. e2e
+# ----------------------------------------------------------------------------- schedule helpers
 QUESTIONS = (
     "Explain unit testing briefly.",
     "Why is the sky blue? Answer in two sentences.",
@@ -461,13 +419,13 @@ ANSWERS = (
 )
 
 
-def e2e_prompt(n: int) -> pb.Prompt:
+def group_prompt(n: int) -> pb.Prompt:
     return pb.Prompt(messages=[pb.ChatMessage(role="user", content=QUESTIONS[n % len(QUESTIONS)])])
 
 
 async def run_group(client: CohortClient, gid: str, n: int, size: int) -> None:
     """Submit a whole group concurrently and check every member got a real reward."""
-    prompt = e2e_prompt(n)
+    prompt = group_prompt(n)
     calls = [
         client.submit_member(
             pb.MemberRef(group_id=gid, group_attempt=0, rollout_index=i, group_size=size),
@@ -514,158 +472,7 @@ async def start_server(judge_url: str, **overrides: Any) -> tuple[CohortServer, 
     return server, CohortClient(f"127.0.0.1:{port}")
 
 
-@dataclass(slots=True)
-class E2EResult:
-    """One end-to-end run; ``round`` is -1 for all rounds of one size pooled."""
-
-    retained: int
-    round: int
-    groups: int
-    group_size: int
-    in_flight: int
-    judge_latency_ms: str
-    elapsed_s: float
-    cpu_s: float
-    members_per_s: float
-    cohorts_per_s: float
-    group_p50_ms: float
-    group_p99_ms: float
-    unloaded_p50_ms: float
-    unloaded_p99_ms: float
-    judge_calls_per_cohort: float
-    judge_retries: int
-    cpu_ms_per_cohort: float
-    gc_ms_per_cohort: float
-    gc_full_collections: int
-    gc_full_max_ms: float
-    examined_per_member: float
-    store_counts: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class E2ERun:
-    result: E2EResult
-    latencies: list[float]
-    unloaded: list[float]
-
-
-async def bench_e2e_one(plan: Plan, retained: int, round_: int) -> E2ERun:
-    size = plan.group_size
-    config = FakeJudgeConfig(latency_ms=plan.e2e_latency_ms, seed=plan.seed)
-    with FakeJudgeServer(config) as judge:
-        server, client = await start_server(
-            judge.url,
-            num_rollouts_per_prompt=size,
-            comparison_strategy="circular",
-            cohort_result_ttl_s=LONG_TTL_S,
-            max_terminal_cohorts=retained,
-        )
-        try:
-            prefill(
-                server.registry.store,
-                retained,
-                prefix="old",
-                attempt=0,
-                group_size=size,
-                prompt_digest="0" * 64,
-                digests={i: f"{i:064x}" for i in range(size)},
-                outcome=completed_outcome(size),
-                now=server.runtime.now(),
-            )
-            await run_groups(
-                client,
-                prefix="warmup",
-                groups=plan.e2e_warmup_groups,
-                in_flight=plan.e2e_in_flight,
-                size=size,
-            )
-            gc.collect()
-            judge.reset_stats()
-            examined_before = server.registry.evictions_examined
-            retries_before = WARNINGS.judge_retries()
-            cpu0, t0 = time.process_time(), time.perf_counter()
-            with GcMonitor() as gcm:
-                latencies = await run_groups(
-                    client,
-                    prefix="run",
-                    groups=plan.e2e_groups,
-                    in_flight=plan.e2e_in_flight,
-                    size=size,
-                )
-            elapsed = time.perf_counter() - t0
-            cpu = time.process_time() - cpu0
-            examined = server.registry.evictions_examined - examined_before
-            retries = WARNINGS.judge_retries() - retries_before
-            judged = int(judge.stats()["total"])
-            counts = dict(server.registry.store.counts())
-            unloaded = await run_groups(
-                client, prefix="one", groups=plan.e2e_unloaded_groups, in_flight=1, size=size
-            )
-        finally:
-            await client.close()
-            await server.stop()
-    groups = plan.e2e_groups
-    result = E2EResult(
-        retained=retained,
-        round=round_,
-        groups=groups,
-        group_size=size,
-        in_flight=plan.e2e_in_flight,
-        judge_latency_ms=plan.e2e_latency_ms,
-        elapsed_s=elapsed,
-        cpu_s=cpu,
-        members_per_s=groups * size / elapsed,
-        cohorts_per_s=groups / elapsed,
-        group_p50_ms=percentile(latencies, 0.50) * 1e3,
-        group_p99_ms=percentile(latencies, 0.99) * 1e3,
-        unloaded_p50_ms=percentile(unloaded, 0.50) * 1e3,
-        unloaded_p99_ms=percentile(unloaded, 0.99) * 1e3,
-        judge_calls_per_cohort=judged / groups,
-        judge_retries=retries,
-        cpu_ms_per_cohort=cpu * 1e3 / groups,
-        gc_ms_per_cohort=gcm.total_s() * 1e3 / groups,
-        gc_full_collections=len(gcm.full()),
-        gc_full_max_ms=max(gcm.full(), default=0.0) * 1e3,
-        examined_per_member=examined / (groups * size),
-        store_counts=counts,
-    )
-    return E2ERun(result, latencies, unloaded)
-
-
-def pool_e2e(rounds: Sequence[E2ERun]) -> E2EResult:
-    """All rounds of one retained size as one run (totals, pooled latencies)."""
-    results = [run.result for run in rounds]
-    latencies = [t for run in rounds for t in run.latencies]
-    unloaded = [t for run in rounds for t in run.unloaded]
-    first = results[0]
-    groups = sum(r.groups for r in results)
-    elapsed = sum(r.elapsed_s for r in results)
-    cpu = sum(r.cpu_s for r in results)
-    members = groups * first.group_size
-    return replace(
-        first,
-        round=-1,
-        groups=groups,
-        elapsed_s=elapsed,
-        cpu_s=cpu,
-        members_per_s=members / elapsed,
-        cohorts_per_s=groups / elapsed,
-        group_p50_ms=percentile(latencies, 0.50) * 1e3,
-        group_p99_ms=percentile(latencies, 0.99) * 1e3,
-        unloaded_p50_ms=percentile(unloaded, 0.50) * 1e3,
-        unloaded_p99_ms=percentile(unloaded, 0.99) * 1e3,
-        judge_calls_per_cohort=sum(r.judge_calls_per_cohort * r.groups for r in results) / groups,
-        judge_retries=sum(r.judge_retries for r in results),
-        cpu_ms_per_cohort=cpu * 1e3 / groups,
-        gc_ms_per_cohort=sum(r.gc_ms_per_cohort * r.groups for r in results) / groups,
-        gc_full_collections=sum(r.gc_full_collections for r in results),
-        gc_full_max_ms=max(r.gc_full_max_ms for r in results),
-        examined_per_member=sum(r.examined_per_member * r.groups for r in results) / groups,
-        store_counts=results[-1].store_counts,
-    )
-
-
-# ----------------------------------------------------------------------------- 3. schedule
+# ----------------------------------------------------------------------------- schedule
 @dataclass(slots=True)
 class ScheduleResult:
     groups: int
@@ -764,51 +571,6 @@ def core_ratios(samples: Sequence[CoreSample]) -> dict[str, float]:
     }
 
 
-def report_e2e(results: Sequence[E2EResult]) -> str:
-    headers = [
-        "retained",
-        "round",
-        "groups",
-        "members/s",
-        "cohorts/s",
-        "group p50 ms",
-        "group p99 ms",
-        "1-in-flight p50/p99 ms",
-        "judge calls/cohort",
-        "retries",
-        "CPU ms/cohort",
-        "GC ms/cohort",
-        "full GCs (max ms)",
-        "examined/member",
-    ]
-    rows = [
-        [
-            f"{r.retained:,}",
-            "all" if r.round < 0 else str(r.round + 1),
-            str(r.groups),
-            f"{r.members_per_s:,.0f}",
-            f"{r.cohorts_per_s:,.1f}",
-            f"{r.group_p50_ms:.1f}",
-            f"{r.group_p99_ms:.1f}",
-            f"{r.unloaded_p50_ms:.1f} / {r.unloaded_p99_ms:.1f}",
-            f"{r.judge_calls_per_cohort:.2f}",
-            str(r.judge_retries),
-            f"{r.cpu_ms_per_cohort:.2f}",
-            f"{r.gc_ms_per_cohort:.2f}",
-            f"{r.gc_full_collections} ({r.gc_full_max_ms:.0f})",
-            f"{r.examined_per_member:.2f}",
-        ]
-        for r in results
-    ]
-    r0 = results[0]
-    title = (
-        f"2. End-to-end SubmitMember (gRPC loopback, fake judge over HTTP, latency "
-        f"{r0.judge_latency_ms} ms; groups of {r0.group_size}, circular, "
-        f"{r0.in_flight} groups in flight)"
-    )
-    return f"{title}\n{table(headers, rows)}"
-
-
 def report_schedule(s: ScheduleResult) -> str:
     step = float(s.judge_latency_ms) if s.judge_latency_ms.replace(".", "").isdigit() else None
     times = ", ".join(f"{t:.0f}" for t in s.completion_ms)
@@ -835,59 +597,10 @@ def report_schedule(s: ScheduleResult) -> str:
 
 # ----------------------------------------------------------------------------- main
 async def run_async(plan: Plan, out: dict[str, Any]) -> None:
-    if "e2e" in plan.sections:
-        runs: dict[int, list[E2ERun]] = {n: [] for n in plan.e2e_retained}
-        for round_ in range(plan.e2e_rounds):  # interleaved, so drift hits both sizes alike
-            for n in plan.e2e_retained:
-                runs[n].append(await bench_e2e_one(plan, n, round_))
-        pooled = [pool_e2e(runs[n]) for n in plan.e2e_retained]
-        rows = [run.result for n in plan.e2e_retained for run in runs[n]]
-        if plan.e2e_rounds > 1:
-            rows = [
-                row
-                for n, p in zip(plan.e2e_retained, pooled, strict=True)
-                for row in (*(run.result for run in runs[n]), p)
-            ]
-        out["e2e"] = [asdict(r) for r in pooled]
-        out["e2e_rounds"] = [asdict(run.result) for n in plan.e2e_retained for run in runs[n]]
-        e2e = rows
-        lo, hi = pooled[0], pooled[-1]
-        out["e2e_ratio"] = {
-            "cohorts_per_s": ratio(hi.cohorts_per_s, lo.cohorts_per_s),
-            "group_p99": ratio(hi.group_p99_ms, lo.group_p99_ms),
-            "cpu_per_cohort": ratio(hi.cpu_ms_per_cohort, lo.cpu_ms_per_cohort),
-        }
-        print(report_e2e(e2e))
-        print(
-            f"   {hi.retained:,} vs {lo.retained:,} retained: cohorts/s ×"
-            f"{out['e2e_ratio']['cohorts_per_s']:.2f}, group p99 ×"
-            f"{out['e2e_ratio']['group_p99']:.2f}, CPU/cohort ×"
-            f"{out['e2e_ratio']['cpu_per_cohort']:.2f}\n",
-            flush=True,
-        )
     if "schedule" in plan.sections:
         sched = await bench_schedule(plan)
         out["schedule"] = asdict(sched)
         print(report_schedule(sched) + "\n", flush=True)
-    if "echo" in plan.sections:
-        echo = await bench_echo(plan.echo)
-        out["echo"] = asdict(echo)
-        for api in ("SubmitMember", "StreamGroups"):
-            s, e = echo.summary[api]["service"], echo.summary[api]["echo"]
-            rounds = ", ".join(f"{x:.2f}" for x in echo.ratio_rounds[api])
-            print(
-                f"echo {api}: service {s['members_per_s']:,.0f}/s (p50 {s['member_p50_ms']:.1f}"
-                f" ms, p99 {s['member_p99_ms']:.1f} ms) vs bare echo {e['members_per_s']:,.0f}/s"
-                f" (p50 {e['member_p50_ms']:.1f}, p99 {e['member_p99_ms']:.1f}) → ratio "
-                f"{echo.ratio[api]:.2f} (rounds {rounds})",
-                flush=True,
-            )
-        for row in echo.sweep:
-            print(
-                f"   sweep {row['api']:>12} {row['side']:>7} {row['in_flight']:>3} groups in "
-                f"flight: {row['members_per_s']:,.0f} members/s",
-                flush=True,
-            )
     if "storm" in plan.sections:
         storm = await bench_storm(replace(plan.storm, seed=plan.seed))
         out["storm"] = asdict(storm)
@@ -908,14 +621,13 @@ async def run_async(plan: Plan, out: dict[str, Any]) -> None:
         )
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[Plan, pathlib.Path, pathlib.Path | None]:
+def parse_args(
+    argv: Sequence[str] | None,
+) -> tuple[Plan, pathlib.Path, pathlib.Path | None, pathlib.Path | None, pathlib.Path | None]:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (~30 s)")
+    parser.add_argument("--quick", action="store_true", help="a short run (~2-3 min)")
     parser.add_argument("--ops", type=int, help="registry.submit calls per retained size")
     parser.add_argument("--rounds", type=int, help="interleaved rounds of the core benchmark")
-    parser.add_argument("--groups", type=int, help="groups per end-to-end run")
-    parser.add_argument("--in-flight", type=int, help="groups in flight end-to-end")
-    parser.add_argument("--judge-latency", help="fake judge latency spec end-to-end (ms)")
     parser.add_argument("--seed", type=int, help="random seed")
     parser.add_argument(
         "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
@@ -929,23 +641,33 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, pathlib.Path, pathlib.
         help="write performance.md and performance/ (plots, results.json) here "
         "(default: docs/ for a full run, bench/results/quick/ with --quick)",
     )
+    parser.add_argument(
+        "--render",
+        type=pathlib.Path,
+        metavar="RESULTS_JSON",
+        help="measure nothing: rewrite the report from a saved results.json",
+    )
+    parser.add_argument(
+        "--keep-logs",
+        type=pathlib.Path,
+        help="keep the multi-process logs, configs and py-spy output in this directory",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()
     changes: dict[str, Any] = {
         "core_ops": args.ops,
         "core_rounds": args.rounds,
-        "e2e_groups": args.groups,
-        "e2e_in_flight": args.in_flight,
-        "e2e_latency_ms": args.judge_latency,
         "seed": args.seed,
         "sections": tuple(args.only) if args.only else None,
     }
     plan = replace(plan, **{k: v for k, v in changes.items() if v is not None})
-    return plan, args.output, args.docs
+    return plan, args.output, args.docs, args.keep_logs, args.render
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    plan, output, docs_dir = parse_args(argv)
+    plan, output, docs_dir, keep_logs, rendered = parse_args(argv)
+    if rendered is not None:
+        return render(rendered, docs_dir)
     logging.getLogger("genrm_grpc").addHandler(WARNINGS)
     started = time.perf_counter()
     machine = machine_info()
@@ -960,6 +682,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Python {machine['python']}, grpcio {machine['grpcio']}\n",
         flush=True,
     )
+    multi = replace(plan.multi, sections=tuple(s for s in plan.sections if s in MP_SECTIONS))
+    out["multi_plan"] = asdict(multi)
+    if multi.sections:
+        run_multi(multi, out, keep_logs)
     if "core" in plan.sections:
         core = bench_core(plan)
         ratios = core_ratios(core)
@@ -1006,12 +732,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(out, indent=2, allow_nan=True) + "\n"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
+    docs = write_docs(out, docs_dir)
+    print(f"total {out['duration_s']} s; results written to {output}; report {docs}/performance.md")
+    return 0
+
+
+def write_docs(out: dict[str, Any], docs_dir: pathlib.Path | None) -> pathlib.Path:
+    """performance.md, its plots and results.json from one run's results; the page's kept
+    sections are carried over from the file it replaces."""
     docs = docs_dir if docs_dir is not None else (QUICK_DOCS_DIR if out["quick"] else DOCS_DIR)
     assets = docs / "performance"
     plots = report.write_plots(out, assets)
-    (assets / "results.json").write_text(text)
-    (docs / "performance.md").write_text(report.markdown(out, plots, "performance"))
-    print(f"total {out['duration_s']} s; results written to {output}; report {docs}/performance.md")
+    (assets / "results.json").write_text(json.dumps(out, indent=2, allow_nan=True) + "\n")
+    page = docs / "performance.md"
+    old = page.read_text() if page.exists() else None
+    page.write_text(keep_sections(report.markdown(out, plots, "performance"), old))
+    return docs
+
+
+def render(results: pathlib.Path, docs_dir: pathlib.Path | None) -> int:
+    """Rewrite the report from a saved results.json (no measuring)."""
+    out = json.loads(results.read_text())
+    docs = write_docs(out, docs_dir)
+    print(f"report {docs}/performance.md rendered from {results}")
     return 0
 
 

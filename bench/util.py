@@ -72,7 +72,7 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     versions = {}
-    for dist in ("grpcio", "protobuf", "httpx"):
+    for dist in ("grpcio", "protobuf", "httpx", "aiohttp"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -86,6 +86,7 @@ def machine_info() -> dict[str, Any]:
         "grpcio": versions["grpcio"],
         "protobuf": versions["protobuf"],
         "httpx": versions["httpx"],
+        "aiohttp": versions["aiohttp"],
         "loadavg_start": list(os.getloadavg()),
     }
 

@@ -1,11 +1,14 @@
-"""``genrm-grpc serve | fake-judge | demo | health``."""
+"""The ``genrm-grpc`` command: a table of subcommands (serve, collect, health, …)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import pathlib
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from genrm_grpc.config import ConfigError, load_settings
 
@@ -52,7 +55,7 @@ def _serve(argv: list[str]) -> int:
             type=kind,
             default=None,
             metavar=kind.__name__.upper(),
-            help=f"overrides `{dest}` (env GENRM_{dest.upper()})",
+            help=f"overrides {dest} (env GENRM_{dest.upper()})",
         )
     for flag, dest, kind in _JUDGE_FLAGS:
         parser.add_argument(
@@ -61,17 +64,16 @@ def _serve(argv: list[str]) -> int:
             type=kind,
             default=None,
             metavar=kind.__name__.upper(),
-            help=f"overrides `judge.{dest}` (env GENRM_JUDGE__{dest.upper()})",
+            help=f"overrides judge.{dest} (env GENRM_JUDGE__{dest.upper()})",
         )
     args = parser.parse_args(argv)
     top = {dest: getattr(args, f"opt_{dest}") for _, dest, _ in _FLAGS}
     judge = {dest: getattr(args, f"opt_{dest}") for _, dest, _ in _JUDGE_FLAGS}
     judge = {k: v for k, v in judge.items() if v is not None}
+    if judge:
+        # Sources merge per key: the rest of the judge block comes from env and YAML.
+        top["judge"] = judge
     try:
-        if judge:
-            # Flags override single judge keys; the rest of the block comes from file/env.
-            base = load_settings(args.config, **top)
-            top["judge"] = base.judge.model_copy(update=judge).model_dump()
         settings = load_settings(args.config, **top)
         settings.judge.api_key()
     except ConfigError as exc:
@@ -87,7 +89,11 @@ def _serve(argv: list[str]) -> int:
         host = settings.listen.rpartition(":")[0]
         print(f"genrm-grpc serving on {host}:{port}", flush=True)
 
-    asyncio.run(run(settings, on_ready=ready))
+    try:
+        asyncio.run(run(settings, on_ready=ready))
+    except (OSError, ConfigError) as exc:  # a busy port, an address not on this host, …
+        print(f"genrm-grpc: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -96,7 +102,17 @@ def _health(argv: list[str]) -> int:
         prog="genrm-grpc health",
         description="Check grpc.health.v1: exit 0 only when the service is SERVING.",
     )
-    parser.add_argument("--server", "--target", dest="server", default="127.0.0.1:50051")
+    parser.add_argument(
+        "--server",
+        "--target",
+        dest="server",
+        help="HOST:PORT to check (default: from --config, else 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--config",
+        help="the server's YAML config: check the port its listen key (or GENRM_LISTEN) "
+        "names, on loopback when it listens on all addresses",
+    )
     parser.add_argument("--service", default="", help="service name ('' = the whole server)")
     parser.add_argument("--timeout-s", type=float, default=5.0)
     parser.add_argument("--tls", action="store_true", help="connect with TLS")
@@ -118,6 +134,12 @@ def _health(argv: list[str]) -> int:
     if (args.cert_file is None) != (args.key_file is None):
         print("genrm-grpc health: --cert-file and --key-file go together", file=sys.stderr)
         return 2
+    if args.server is None:
+        try:
+            args.server = _health_target(args)
+        except ConfigError as exc:
+            print(f"genrm-grpc health: {exc}", file=sys.stderr)
+            return 2
     metadata: list[tuple[str, str]] = []
     try:
         token = None
@@ -162,32 +184,114 @@ def _health(argv: list[str]) -> int:
     return 0 if status == "SERVING" else 1
 
 
+def _health_target(args: argparse.Namespace) -> str:
+    """The address to probe: the configured ``listen`` (wildcards → loopback)."""
+    if args.config is None:
+        return "127.0.0.1:50051"
+    settings = load_settings(args.config)
+    host, _, port = settings.listen.rpartition(":")
+    if port == "0":
+        raise ConfigError(f"listen {settings.listen} has no fixed port: pass --server")
+    if settings.tls is not None and not (args.tls or args.ca_file or args.cert_file):
+        raise ConfigError(
+            "the server serves TLS (tls.cert_file): pass --ca-file, and --server-name when "
+            "its certificate does not name the probed host"
+        )
+    if host.strip("[]") in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"  # listening on every address includes loopback
+    return f"{host}:{port}"
+
+
 def _read(path: str | None) -> bytes | None:
     return None if path is None else pathlib.Path(path).read_bytes()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    commands = ("serve", "fake-judge", "demo", "health", "collect")
-    if not args or args[0] not in commands:
-        print(f"usage: genrm-grpc {{{'|'.join(commands)}}} [options]  (--help per command)")
-        return 0 if args and args[0] in ("-h", "--help") else 2
-    command, rest = args[0], args[1:]
-    if command == "serve":
-        return _serve(rest)
-    if command == "health":
-        return _health(rest)
-    if command == "collect":
-        from genrm_grpc.collect import main as collect_main
+def _collect(argv: list[str]) -> int:
+    from genrm_grpc.collect import main as collect_main
 
-        return collect_main(rest)
-    if command == "fake-judge":
-        from genrm_grpc.judge.fake import main as fake_main
+    return collect_main(argv)
 
-        return fake_main(rest)
+
+def _fake_judge(argv: list[str]) -> int:
+    from genrm_grpc.judge.fake import main as fake_main
+
+    return fake_main(argv)
+
+
+def _demo(argv: list[str]) -> int:
     from genrm_grpc.demo import main as demo_main
 
-    return demo_main(rest)
+    return demo_main(argv)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: a one-line summary for the overview and its ``main(argv)``."""
+
+    summary: str
+    run: Callable[[list[str]], int]
+
+
+# The subcommands in the order the overview lists them; add new ones here.
+COMMANDS: dict[str, Command] = {
+    "serve": Command("run the gRPC server (settings: flags > GENRM_* env > YAML)", _serve),
+    "collect": Command("score a NeMo Gym rollout file (JSONL) with a running server", _collect),
+    "health": Command("check a server's health; exit 0 only when it is SERVING", _health),
+    "fake-judge": Command(
+        "run the fake judge: an OpenAI-API test double, not a model", _fake_judge
+    ),
+    "demo": Command("start a fake judge and a server on loopback and show rewards", _demo),
+}
+
+
+def version() -> str:
+    """``genrm-grpc X.Y.Z (genrm-cohort-client A.B.C)`` from the installed distributions."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    parts = []
+    for dist in ("genrm-grpc", "genrm-cohort-client"):
+        try:
+            parts.append(f"{dist} {dist_version(dist)}")
+        except PackageNotFoundError:  # running from a source tree that is not installed
+            parts.append(f"{dist} (not installed)")
+    return f"{parts[0]} ({parts[1]})"
+
+
+def overview() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = [
+        "usage: genrm-grpc COMMAND [options]",
+        "",
+        "Group-relative rewards from a generative reward model judge, over gRPC.",
+        "",
+        "commands:",
+        *(f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items()),
+        "",
+        "genrm-grpc COMMAND --help shows a command's options; genrm-grpc --version the version.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help", "help"):
+        print(overview())
+        return 0
+    if args and args[0] in ("-V", "--version"):
+        print(version())
+        return 0
+    if not args:
+        print(overview(), file=sys.stderr)
+        return 2
+    command = COMMANDS.get(args[0])
+    if command is None:
+        close = difflib.get_close_matches(args[0], list(COMMANDS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"genrm-grpc: unknown command {args[0]!r}{hint}\n", file=sys.stderr)
+        print(overview(), file=sys.stderr)
+        return 2
+    return command.run(args[1:])
 
 
 if __name__ == "__main__":

@@ -2,15 +2,19 @@
 
 Precedence (highest first): command-line flags, environment variables, the YAML file,
 built-in defaults. Environment names are ``GENRM_<KEY>`` for top-level keys and
-``GENRM_JUDGE__<KEY>`` for the judge block (e.g. ``GENRM_JUDGE__URL``). Unknown keys
-are errors, so a typo never silently falls back to a default.
+``GENRM_<BLOCK>__<KEY>`` for a block (e.g. ``GENRM_JUDGE__URL``). Unknown keys are
+errors in every source (YAML keys, ``GENRM_*`` variables), so a typo never silently
+falls back to a default.
 """
 
 from __future__ import annotations
 
 import contextvars
+import difflib
 import os
 import pathlib
+import typing
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -23,8 +27,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from genrm_grpc.cohort.identity import MAX_GROUP_SIZE
 from genrm_grpc.scoring.types import ScoringParams
@@ -150,24 +158,32 @@ _yaml_path: contextvars.ContextVar[pathlib.Path | None] = contextvars.ContextVar
 )
 
 
-class _YamlSource(PydanticBaseSettingsSource):
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
+def _yaml_source(settings_cls: type[BaseSettings]) -> PydanticBaseSettingsSource | None:
+    """pydantic-settings' own YAML source for ``--config``, with one-line errors.
 
-    def __call__(self) -> dict[str, Any]:
-        path = _yaml_path.get()
-        if path is None:
-            return {}
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            message = f"config file {path} is not valid YAML: {exc}".replace("\n", " ")
-            raise ConfigError(message) from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping at the top level")
-        return data
+    A named file must exist (the library would skip a missing one silently) and hold a
+    mapping; unknown keys are then refused by ``extra="forbid"`` like any other.
+    """
+    path = _yaml_path.get()
+    if path is None:
+        return None
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        source = YamlConfigSettingsSource(settings_cls, yaml_file=path)
+    except yaml.YAMLError as exc:
+        message = f"config file {path} is not valid YAML: {exc}".replace("\n", " ")
+        raise ConfigError(message) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    except (AttributeError, TypeError, ValueError):  # the document is a list or a scalar
+        raise ConfigError(f"config file {path} must hold a mapping at the top level") from None
+    if not isinstance(source.yaml_data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return source
 
 
 class Settings(BaseSettings):
@@ -178,6 +194,8 @@ class Settings(BaseSettings):
     )
 
     listen: str = "127.0.0.1:50051"
+    #: Share ``listen`` with other processes (SO_REUSEPORT); off: a busy port is an error.
+    listen_reuse_port: bool = False
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
 
     # --- cohorts (NeMo Gym names)
@@ -257,7 +275,10 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _YamlSource(settings_cls))
+        yaml_source = _yaml_source(settings_cls)
+        if yaml_source is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, yaml_source)
 
     def scoring_params(self) -> ScoringParams:
         return ScoringParams(
@@ -275,21 +296,101 @@ class Settings(BaseSettings):
         )
 
 
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The settings block behind a field's annotation (``TlsSettings | None`` → TlsSettings)."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def config_keys(model: type[BaseModel] = BaseModel, prefix: str = "") -> list[str]:
+    """Every configuration key as a dotted path (``listen``, ``judge.url``, …)."""
+    model = Settings if model is BaseModel else model
+    keys: list[str] = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        block = _nested_model(field.annotation)
+        if block is not None:
+            keys.extend(config_keys(block, f"{prefix}{name}."))
+    return keys
+
+
+ENV_PREFIX = "GENRM_"
+
+
+def env_name(key: str) -> str:
+    """The environment variable of a dotted key: ``judge.url`` → ``GENRM_JUDGE__URL``."""
+    return ENV_PREFIX + key.replace(".", "__").upper()
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_environment(settings: Settings, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse ``GENRM_*`` variables that configure nothing, like unknown YAML keys.
+
+    pydantic-settings reads the variables it knows and ignores the rest, so a typo such as
+    ``GENRM_JUDGE_URL`` (one underscore) would silently leave the default in force.
+    Variables that the configuration names as secret holders (``judge.api_key_env``,
+    ``auth.tokens_env``) are not settings and pass.
+    """
+    environ = os.environ if environ is None else environ
+    known = [env_name(key) for key in config_keys()]
+    named = {settings.judge.api_key_env}
+    if settings.auth is not None:
+        named.add(settings.auth.tokens_env)
+    problems = []
+    for variable in sorted(environ):
+        upper = variable.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or variable in named:
+            continue
+        close = difflib.get_close_matches(
+            upper.removeprefix(ENV_PREFIX), [k.removeprefix(ENV_PREFIX) for k in known], 1, 0.75
+        )
+        hint = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""
+        if not hint:
+            hint = (
+                f" (settings are {ENV_PREFIX}<KEY> and {ENV_PREFIX}<BLOCK>__<KEY>; a variable "
+                "holding a secret must be named by judge.api_key_env or auth.tokens_env)"
+            )
+        problems.append(f"unknown environment variable {variable}{hint}")
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
 def _one_line(exc: ValidationError) -> str:
     parts = []
+    keys = config_keys()
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "config"
-        parts.append(f"{where}: {err['msg']}")
+        hint = _did_you_mean(where, keys) if err["type"] == "extra_forbidden" else ""
+        parts.append(f"{where}: {err['msg']}{hint}")
     return "invalid configuration: " + "; ".join(parts)
 
 
-def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
-    """Load settings; raises :class:`ConfigError` with a one-line message when invalid."""
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    strict_env: bool = True,
+    **overrides: Any,
+) -> Settings:
+    """Load settings; raises :class:`ConfigError` with a one-line message when invalid.
+
+    ``overrides`` are the flags (the highest precedence; ``None`` means "not given"); a
+    nested block such as ``judge={"url": ...}`` overrides only the keys it names.
+    With ``strict_env`` an unknown ``GENRM_*`` environment variable is an error.
+    """
     token = _yaml_path.set(pathlib.Path(config_file) if config_file is not None else None)
     try:
         clean = {k: v for k, v in overrides.items() if v is not None}
-        return Settings(**clean)
+        settings = Settings(**clean)
     except ValidationError as exc:
         raise ConfigError(_one_line(exc)) from None
     finally:
         _yaml_path.reset(token)
+    if strict_env:
+        check_environment(settings)
+    return settings

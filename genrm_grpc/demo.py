@@ -243,7 +243,13 @@ def _collect(target: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="genrm-grpc demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="genrm-grpc demo",
+        description="Start the fake judge (a test double, not a model) and the server on "
+        "free loopback ports, score the example prompts with Compare, push one group "
+        "through StreamGroups, score a small rollout file with genrm-grpc collect, and "
+        "stop everything.",
+    )
     parser.parse_args(argv)
     print("starting the fake judge (a deterministic test double, not a model) and the server…")
     with running_stack() as (url, target):

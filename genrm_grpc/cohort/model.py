@@ -7,12 +7,11 @@ registry owns and mutates.
 from __future__ import annotations
 
 import enum
-import json
-import sys
+import marshal
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any
 
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
 
@@ -202,9 +201,6 @@ _DIGEST_BYTES = 32
 _ABSENT = bytes(_DIGEST_BYTES)
 
 
-_A = TypeVar("_A", "array[int]", "array[float]")
-
-
 def comparisons_of(member: int, judged: tuple[JudgedPair, ...]) -> tuple[JudgedPair, ...]:
     """The verdicts a member took part in, in aggregation order."""
     return tuple(p for p in judged if member in (p.response_i, p.response_j))
@@ -268,55 +264,33 @@ class _PackedCompleted:
         self.metric_names = tuple(outcome.metrics)
         self.metric_values = array("d", outcome.metrics.values())
 
-    def to_bytes(self) -> bytes:
-        """A self-describing binary form (little-endian), for durable stores."""
-        arrays: list[array[int] | array[float]] = [
-            self.pair_index,
-            self.pair_scores,
-            self.judged,
-            self.member_values,
-            self.member_pairs,
-            self.metric_values,
-        ]
-        if self.offsets is not None:
-            arrays.append(self.offsets)
-        header = json.dumps(
-            [list(self.metric_names), [len(a) for a in arrays], len(self.failed)]
-        ).encode()
-        parts = [len(header).to_bytes(4, "little"), header, self.failed]
-        for values in arrays:
-            if sys.byteorder == "big":  # pragma: no cover - no big-endian CI machine
-                values = array(values.typecode, values)
-                values.byteswap()
-            parts.append(values.tobytes())
-        return b"".join(parts)
+    def to_fields(self) -> tuple[Any, ...]:
+        """The packed outcome as atomic values only (bytes, str, None) for a record."""
+        return (
+            self.pair_index.tobytes(),
+            self.pair_scores.tobytes(),
+            self.failed,
+            self.judged.tobytes(),
+            self.member_values.tobytes(),
+            None if self.offsets is None else self.offsets.tobytes(),
+            self.member_pairs.tobytes(),
+            tuple(str(name) for name in self.metric_names),
+            self.metric_values.tobytes(),
+        )
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> _PackedCompleted:
-        size = int.from_bytes(raw[:4], "little")
-        names, lengths, n_pairs = json.loads(raw[4 : 4 + size])
-        pos = 4 + size + n_pairs
-        counts = iter(lengths)
-
-        def take(values: _A) -> _A:
-            nonlocal pos
-            end = pos + next(counts) * values.itemsize
-            values.frombytes(raw[pos:end])
-            if sys.byteorder == "big":  # pragma: no cover
-                values.byteswap()
-            pos = end
-            return values
-
+    def from_fields(cls, fields: tuple[Any, ...]) -> _PackedCompleted:
         self = cls.__new__(cls)
-        self.failed = raw[4 + size : 4 + size + n_pairs]
-        self.pair_index = take(array("I"))
-        self.pair_scores = take(array("d"))
-        self.judged = take(array("I"))
-        self.member_values = take(array("d"))
-        self.member_pairs = take(array("I"))
-        self.metric_values = take(array("d"))
-        self.offsets = take(array("I")) if len(lengths) > 6 else None
-        self.metric_names = tuple(names)
+        pairs, scores, failed, judged, values, offsets, members, names, metrics = fields
+        self.pair_index = _array("I", pairs)
+        self.pair_scores = _array("d", scores)
+        self.failed = failed
+        self.judged = _array("I", judged)
+        self.member_values = _array("d", values)
+        self.offsets = None if offsets is None else _array("I", offsets)
+        self.member_pairs = _array("I", members)
+        self.metric_names = names
+        self.metric_values = _array("d", metrics)
         return self
 
     def unpack(self) -> Completed:
@@ -355,12 +329,24 @@ class _PackedCompleted:
         )
 
 
+def _array(typecode: str, raw: bytes) -> array[Any]:
+    packed = array(typecode)
+    packed.frombytes(raw)
+    return packed
+
+
+_RECORD_VERSION = 1
+
+
 class Tombstone:
     """What a terminal cohort leaves behind: digests and outcome, never answer bodies.
 
     Stored compactly (raw digests in one ``bytes``, a completed outcome packed into
     arrays, see ``_PackedCompleted``) because thousands are retained; the accessors
-    rebuild the plain values.
+    rebuild the plain values. A store keeps it as ``record()``, one immutable ``bytes``
+    that the cyclic garbage collector does not track, so tens of thousands of retained
+    cohorts add nothing to a full collection (a Tombstone object with its arrays is
+    about ten tracked objects); ``from_record`` rebuilds it for a lookup.
     """
 
     __slots__ = ("_digests", "_outcome", "finished_at", "group_size", "key", "prompt_digest")
@@ -386,34 +372,68 @@ class Tombstone:
             _PackedCompleted(outcome) if isinstance(outcome, Completed) else outcome
         )
 
-    def to_bytes(self) -> tuple[bytes, bytes | None]:
-        """The packed digests, and the packed outcome when it is a Completed one."""
+    def record(self) -> bytes:
+        """This tombstone as one ``bytes`` (not tracked by the cyclic GC); see from_record."""
         kept = self._outcome
-        return self._digests, kept.to_bytes() if isinstance(kept, _PackedCompleted) else None
+        outcome: tuple[Any, ...]
+        if isinstance(kept, _PackedCompleted):
+            outcome = ("c", *kept.to_fields())
+        elif isinstance(kept, Masked):
+            outcome = (
+                "m",
+                str(kept.reason),
+                tuple(str(name) for name in kept.metrics),
+                array("d", kept.metrics.values()).tobytes(),
+            )
+        else:
+            outcome = ("f", str(kept.reason), kept.legacy)
+        key = self.key
+        return marshal.dumps(
+            (
+                _RECORD_VERSION,
+                key.group_id,
+                key.legacy_key,
+                key.attempt,
+                self.group_size,
+                self.prompt_digest,
+                self.finished_at,
+                self._digests,
+                *outcome,
+            )
+        )
 
     @classmethod
-    def from_bytes(
-        cls,
-        key: CohortKey,
-        group_size: int,
-        prompt_digest: str,
-        digests: bytes,
-        outcome: bytes | Masked | Failed,
-        finished_at: float,
-    ) -> Tombstone:
-        """Rebuild a tombstone from :meth:`to_bytes` without unpacking its outcome."""
-        if len(digests) != group_size * _DIGEST_BYTES:
-            raise ValueError("packed digests do not match the group size")
-        self = cls.__new__(cls)
-        self.key = key
-        self.group_size = group_size
-        self.prompt_digest = prompt_digest
-        self.finished_at = finished_at
-        self._digests = digests
-        self._outcome = (
-            _PackedCompleted.from_bytes(outcome) if isinstance(outcome, bytes) else outcome
+    def from_record(cls, record: bytes) -> Tombstone:
+        """The tombstone that ``record()`` packed."""
+        version, gid, legacy, attempt, size, prompt, finished, digests, kind, *rest = marshal.loads(
+            record
         )
+        if version != _RECORD_VERSION:
+            raise ValueError(f"unknown tombstone record version {version}")
+        self = cls.__new__(cls)
+        self.key = CohortKey(group_id=gid, legacy_key=legacy, attempt=attempt)
+        self.group_size = size
+        self.prompt_digest = prompt
+        self.finished_at = finished
+        self._digests = digests
+        if kind == "c":
+            self._outcome = _PackedCompleted.from_fields(tuple(rest))
+        elif kind == "m":
+            reason, names, values = rest
+            self._outcome = Masked(
+                reason=str(reason), metrics=dict(zip(names, _array("d", values), strict=True))
+            )
+        else:
+            reason, legacy_failure = rest
+            self._outcome = Failed(reason=str(reason), legacy=bool(legacy_failure))
         return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Tombstone):
+            return NotImplemented
+        return self.record() == other.record()
+
+    __hash__ = None  # type: ignore[assignment]
 
     def digest_at(self, slot: int) -> str | None:
         """The response digest recorded for ``slot`` (None when the slot was empty)."""

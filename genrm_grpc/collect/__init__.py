@@ -52,6 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="members per group (default: _ng_group_size, else max _ng_rollout_index + 1)",
     )
     p.add_argument("--timeout-s", type=float, default=3600.0, help="deadline of one group call")
+    connect = p.add_mutually_exclusive_group()
+    connect.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        default=5.0,
+        help="give up when no server answers at --server within this many seconds (default 5)",
+    )
+    connect.add_argument(
+        "--wait-for-server",
+        action="store_true",
+        help="wait for a server that is still starting (up to --timeout-s) instead",
+    )
     p.add_argument(
         "--retries", type=int, default=8, help="calls per group on UNAVAILABLE (default 8)"
     )
@@ -88,8 +100,11 @@ def _config(args: argparse.Namespace) -> CollectConfig:
         raise UsageError("--concurrency, --retries and --max-group-attempts must be >= 1")
     if args.group_size is not None and args.group_size < 1:
         raise UsageError("--group-size must be >= 1")
-    if not args.timeout_s > 0:
+    if not 0 < args.timeout_s < float("inf"):
         raise UsageError("--timeout-s must be > 0")
+    if not 0 < args.connect_timeout_s < float("inf"):
+        raise UsageError("--connect-timeout-s must be > 0")
+    connect_timeout_s = args.timeout_s if args.wait_for_server else args.connect_timeout_s
     token = None
     if args.token_env:
         token = os.environ.get(args.token_env)
@@ -110,6 +125,7 @@ def _config(args: argparse.Namespace) -> CollectConfig:
             client_private_key=read(args.client_key),
             server_name_override=args.server_name,
             bearer_token=token,
+            connect_timeout_s=connect_timeout_s,
         )
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -16,6 +17,7 @@ from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import (
     ChannelOptions,
     CohortClient,
+    CohortConnectError,
     CohortError,
     RetryPolicy,
     new_group_id,
@@ -35,7 +37,10 @@ from genrm_grpc.collect.outputs import (
 )
 from genrm_grpc.collect.rows import BadRow, Group, form_groups, parse_lines
 
-__all__ = ["FAILURE_CLASSES", "CollectConfig", "run"]
+__all__ = ["EXIT_CANNOT_CONNECT", "FAILURE_CLASSES", "CollectConfig", "run"]
+
+#: Exit code when no server answered at ``--server``: nothing submitted, no output written.
+EXIT_CANNOT_CONNECT = 3
 
 FAILURE_CLASSES = (
     "judge_failed",
@@ -72,7 +77,11 @@ class UsageError(Exception):
 
 
 class Progress:
-    """Groups done / failed / in flight and the rate, on one stderr line."""
+    """Groups done / failed / in flight and the rate, on one stderr line.
+
+    While ``status`` is set (e.g. "connecting to HOST:PORT…") the line shows it instead
+    of the counters. On a terminal :meth:`tick` keeps the elapsed time moving.
+    """
 
     def __init__(self, total: int, enabled: bool | None, stream: IO[str]) -> None:
         self.total, self.stream = total, stream
@@ -80,15 +89,29 @@ class Progress:
         self.enabled = enabled if enabled is not None else True
         self.done = self.failed = self.in_flight = 0
         self._shown = 0
+        self.status: str | None = None
         self.started = time.monotonic()
 
     def line(self) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-9)
+        if self.status is not None:
+            return f"{self.status}  {elapsed:.1f}s"
         finished = self.done + self.failed
         return (
             f"groups {finished}/{self.total}  ok {self.done}  failed {self.failed}  "
             f"in flight {self.in_flight}  {finished / elapsed:.2f} groups/s  {elapsed:.1f}s"
         )
+
+    def set_status(self, status: str | None) -> None:
+        """Show ``status`` (one line on a pipe) or, with None, the counters again."""
+        self.status = status
+        if not self.enabled:
+            return
+        if self.tty:
+            self.show()
+        elif status is not None:
+            self.stream.write(status + "\n")
+            self.stream.flush()
 
     def show(self) -> None:
         """TTY: rewrite the line in place; otherwise one line per finished group."""
@@ -102,6 +125,14 @@ class Progress:
         else:
             return
         self.stream.flush()
+
+    async def tick(self, every_s: float = 1.0) -> None:
+        """On a terminal, redraw the line every ``every_s`` until cancelled."""
+        if not (self.enabled and self.tty):
+            return
+        while True:
+            await asyncio.sleep(every_s)
+            self.show()
 
     def finish(self) -> None:
         if self.enabled and self.tty:
@@ -326,7 +357,8 @@ def _say(config: CollectConfig, text: str) -> None:
 
 
 async def run(config: CollectConfig) -> int:
-    """Run one collection; returns the exit code (0 ok, 1 no usable reward, 2 usage)."""
+    """Run one collection; returns the exit code (0 ok, 1 no usable reward, 2 usage,
+    3 no server answered at ``config.server`` within the connect deadline)."""
     started = time.monotonic()
     paths = OutputPaths.for_output(config.output)
     if not config.input.exists():
@@ -343,6 +375,56 @@ async def run(config: CollectConfig) -> int:
     if bad and config.strict:
         _say(config, f"genrm-grpc collect: {len(bad)} bad row(s) and --strict: nothing submitted")
         return 2
+    progress = Progress(0, config.progress, sys.stderr)
+    if config.quiet and config.progress is None:
+        progress.enabled = False
+    ticker = asyncio.create_task(progress.tick())
+    client: CohortClient | None = None
+    try:
+        if any(group.problem is None for group in groups):
+            # Connect before any output is touched: a wrong address costs seconds, and the
+            # next run needs neither --resume nor --overwrite.
+            client = CohortClient(
+                config.server,
+                options=config.channel,
+                retry=config.retry,
+                default_timeout_s=config.timeout_s,
+            )
+            progress.set_status(f"connecting to {config.server}…")
+            try:
+                await client.connect()
+            except CohortConnectError as exc:
+                progress.finish()
+                print(
+                    f"genrm-grpc collect: {exc.message} (is the server running there? "
+                    "--wait-for-server waits for one that is starting); nothing submitted",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return EXIT_CANNOT_CONNECT
+            progress.set_status(None)
+        return await _collect(
+            config, paths, existing, groups, bad, row_count, started, client, progress
+        )
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+        if client is not None:
+            await client.close()
+
+
+async def _collect(
+    config: CollectConfig,
+    paths: OutputPaths,
+    existing: list[Path],
+    groups: list[Group],
+    bad: list[BadRow],
+    row_count: int,
+    started: float,
+    client: CohortClient | None,
+    progress: Progress,
+) -> int:
     if config.overwrite and not config.resume:
         for p in existing:
             p.unlink()
@@ -367,11 +449,10 @@ async def run(config: CollectConfig) -> int:
                 todo.append((group, gid, attempt))
         if skipped:
             _say(config, f"resume: {skipped} group(s) already complete in {paths.results}")
-        progress = Progress(len(todo), config.progress, sys.stderr)
-        if config.quiet and config.progress is None:
-            progress.enabled = False
+        progress.total = len(todo)
         if todo:
-            await _submit_all(config, collector, todo, progress)
+            assert client is not None  # connected above: there are groups to submit
+            await _submit_all(config, client, collector, todo, progress)
         progress.finish()
     finally:
         collector.close()
@@ -405,28 +486,23 @@ def _fmt(value: float | None) -> str:
 
 async def _submit_all(
     config: CollectConfig,
+    client: CohortClient,
     collector: Collector,
     todo: list[tuple[Group, str, int]],
     progress: Progress,
 ) -> None:
-    async with CohortClient(
-        config.server,
-        options=config.channel,
-        retry=config.retry,
-        default_timeout_s=config.timeout_s,
-    ) as client:
-        queue: asyncio.Queue[tuple[Group, str, int]] = asyncio.Queue()
-        for item in todo:
-            queue.put_nowait(item)
+    queue: asyncio.Queue[tuple[Group, str, int]] = asyncio.Queue()
+    for item in todo:
+        queue.put_nowait(item)
 
-        async def worker() -> None:
-            while True:
-                try:
-                    group, gid, attempt = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                await collector.run_group(client, group, gid, attempt, progress)
+    async def worker() -> None:
+        while True:
+            try:
+                group, gid, attempt = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            await collector.run_group(client, group, gid, attempt, progress)
 
-        async with asyncio.TaskGroup() as tasks:
-            for _ in range(min(config.concurrency, len(todo))):
-                tasks.create_task(worker())
+    async with asyncio.TaskGroup() as tasks:
+        for _ in range(min(config.concurrency, len(todo))):
+            tasks.create_task(worker())

@@ -1,7 +1,7 @@
 """Pure scoring: judge pairs, verdict parsing, and group-relative reward aggregation.
 
 No I/O lives here. The default path reproduces NeMo Gym's ``genrm_compare`` exactly;
-see ``/work/shared/design/SCORING.md`` for the arithmetic.
+``aggregate.py`` documents the arithmetic step by step.
 """
 
 from genrm_grpc.scoring.aggregate import (

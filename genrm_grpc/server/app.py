@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import gc
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -78,8 +81,55 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", hard_limit),
         ("grpc.max_send_message_length", hard_limit),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+        # grpcio turns SO_REUSEPORT on by default, so a second server on a busy port
+        # starts and silently takes part of the traffic. Only on explicit request.
+        ("grpc.so_reuseport", int(settings.listen_reuse_port)),
         *KEEPALIVE_OPTIONS,
     ]
+
+
+class ListenError(OSError):
+    """The server cannot listen on its address; the message is one line."""
+
+
+def _split_host_port(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def check_listen(listen: str, *, reuse_port: bool, what: str = "listen") -> None:
+    """Bind (and release) ``listen`` as the server will, to refuse a busy or foreign address.
+
+    gRPC only reports "Failed to bind" (the cause goes to its own log), so the address is
+    tried with a plain socket first: the operator gets the operating system's reason in
+    one line. Port 0 (any free port) always passes.
+    """
+    host, port = _split_host_port(listen)
+    if port == 0:
+        return
+    label = "" if what == "listen" else f" ({what})"
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot listen on {listen}{label}: {exc.strerror}") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port and hasattr(socket, "SO_REUSEPORT"):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                reason = (exc.strerror or str(exc)).lower()
+                hint = ""
+                if exc.errno == errno.EADDRINUSE and what == "listen":
+                    hint = (
+                        " (another process listens there; stop it, pick another port, or set "
+                        "listen_reuse_port: true to share the port on purpose)"
+                    )
+                raise ListenError(f"cannot listen on {listen}{label}: {reason}{hint}") from None
 
 
 class CohortServer:
@@ -166,18 +216,28 @@ class CohortServer:
         self.port = 0
 
     async def start(self) -> int:
+        """Bind and start; a busy or foreign address raises :class:`ListenError`."""
         listen, tls = self.settings.listen, self.settings.tls
+        check_listen(listen, reuse_port=self.settings.listen_reuse_port)
+        if self.settings.metrics_listen is not None:
+            check_listen(self.settings.metrics_listen, reuse_port=False, what="metrics_listen")
         try:
             if tls is not None:
                 self.port = self.server.add_secure_port(listen, server_credentials(tls))
             else:
                 self.port = self.server.add_insecure_port(listen)
         except RuntimeError as exc:  # newer grpcio raises instead of returning 0
-            raise OSError(f"cannot listen on {listen}: {exc}") from exc
+            raise ListenError(f"cannot listen on {listen}: {exc}") from exc
         if self.port == 0:
-            raise OSError(f"cannot listen on {listen}")
+            raise ListenError(f"cannot listen on {listen}")
         if self.metrics_endpoint is not None:
-            await self.metrics_endpoint.start()
+            try:
+                await self.metrics_endpoint.start()
+            except OSError as exc:
+                reason = (exc.strerror or str(exc)).lower()
+                raise ListenError(
+                    f"cannot listen on {self.settings.metrics_listen} (metrics_listen): {reason}"
+                ) from None
         await self.server.start()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -197,6 +257,15 @@ class CohortServer:
     def metrics_port(self) -> int | None:
         """The bound metrics port (None when the endpoint is off)."""
         return self.metrics_endpoint.port if self.metrics_endpoint is not None else None
+
+    async def close_unstarted(self) -> None:
+        """Release what ``__init__`` and a failed ``start()`` took, without a drain."""
+        await self.server.stop(None)
+        await self.judge.aclose()
+        if self.metrics_endpoint is not None:
+            await self.metrics_endpoint.stop()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     async def stop(self) -> None:
         """Health → NOT_SERVING, refuse new cohorts, let evaluations finish, fail the rest."""
@@ -223,6 +292,17 @@ def _tracing(settings: Settings, provider: Any) -> Tracing:
     return Tracing(provider if provider is not None else build_provider(settings.tracing))
 
 
+def freeze_startup_state() -> int:
+    """Move everything alive after start-up (modules, classes, the server's own objects)
+    into the GC's permanent generation, so full collections stop walking it; returns how
+    many objects are frozen. Retained tombstones need no freezing: the store keeps them
+    as untracked bytes (see MemoryStore). Later objects are not frozen on purpose: a
+    frozen object that later dies in a reference cycle would never be freed."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 async def run(settings: Settings, *, on_ready: Callable[[int], None] | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -232,6 +312,13 @@ async def run(settings: Settings, *, on_ready: Callable[[int], None] | None = No
     server = CohortServer(settings)
     try:
         port = await server.start()
+    except BaseException:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.close_unstarted()
+        raise
+    try:
+        freeze_startup_state()
         if on_ready is not None:
             on_ready(port)
         await stop.wait()

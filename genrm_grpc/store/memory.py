@@ -3,6 +3,10 @@
 Tombstones are written when cohorts end, so with one TTL for all of them insertion
 order is expiry order: eviction only ever looks at the oldest entries. Watermarks are
 moved to the end whenever they are touched, for the same reason.
+
+Retained entries hold no object the cyclic garbage collector tracks: tombstones are kept
+as their ``record()`` bytes under plain ``(group_id, legacy_key, attempt)`` tuples, so a
+full collection costs the same with 50,000 retained cohorts as with 100.
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ from genrm_grpc.cohort.model import CohortKey, Tombstone
 
 _PINNED_ROTATIONS_PER_EVICT = 2
 
+_Key = tuple[str | None, str | None, int]
+
+
+def _key(key: CohortKey) -> _Key:
+    return (key.group_id, key.legacy_key, key.attempt)
+
 
 class MemoryStore:
     def __init__(self, *, ttl_s: float, max_records: int) -> None:
         self._ttl = ttl_s
         self._max = max_records
-        self._tombstones: OrderedDict[CohortKey, tuple[float, Tombstone]] = OrderedDict()
+        self._tombstones: OrderedDict[_Key, tuple[float, bytes]] = OrderedDict()
         self._watermarks: OrderedDict[str, tuple[float, int]] = OrderedDict()
         self._members: dict[CohortKey, dict[int, str]] = {}
 
@@ -35,14 +45,15 @@ class MemoryStore:
         self._watermarks[group_id] = (now + self._ttl, newest)
 
     def tombstone(self, key: CohortKey, now: float) -> Tombstone | None:
-        entry = self._tombstones.get(key)
+        entry = self._tombstones.get(_key(key))
         if entry is None or entry[0] <= now:
             return None
-        return entry[1]
+        return Tombstone.from_record(entry[1])
 
     def put_tombstone(self, tombstone: Tombstone, now: float) -> None:
-        self._tombstones.pop(tombstone.key, None)
-        self._tombstones[tombstone.key] = (now + self._ttl, tombstone)
+        key = _key(tombstone.key)
+        self._tombstones.pop(key, None)
+        self._tombstones[key] = (now + self._ttl, tombstone.record())
 
     def record_member(self, key: CohortKey, rollout_index: int, digest: str) -> None:
         self._members.setdefault(key, {})[rollout_index] = digest

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from genrm_grpc.cohort.model import CohortKey, Completed, Failed, Masked, Outcome, Tombstone
+from genrm_grpc.cohort.model import CohortKey, Tombstone
 from genrm_grpc.scoring.types import AnswerTexts, Verdict
 from genrm_grpc.store.records import (
     CohortRecord,
@@ -44,11 +44,9 @@ from genrm_grpc.store.records import (
     WatermarkRecord,
     decode_coords,
     decode_key,
-    decode_outcome,
     decode_prompt,
     encode_coords,
     encode_key,
-    encode_outcome,
     encode_prompt,
 )
 
@@ -80,14 +78,10 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             answer TEXT NOT NULL,
             PRIMARY KEY (key, slot)
         ) WITHOUT ROWID""",
+        # ``record`` is Tombstone.record(): the same packed bytes the memory store keeps.
         """CREATE TABLE tombstones (
             key TEXT PRIMARY KEY,
-            group_size INTEGER NOT NULL,
-            prompt_digest TEXT NOT NULL,
-            digests BLOB NOT NULL,
-            packed BLOB,
-            outcome TEXT,
-            finished_at REAL NOT NULL,
+            record BLOB NOT NULL,
             expires_at REAL NOT NULL
         )""",
         "CREATE INDEX tombstones_by_expiry ON tombstones (expires_at)",
@@ -265,7 +259,8 @@ class SqliteStore:
         except StoreSchemaError:
             conn.close()
             raise
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, ValueError, TypeError, EOFError) as exc:
+            # EOFError, ValueError, TypeError: a record that does not decode.
             conn.close()
             raise StoreSchemaError(f"the store {self.path} is unreadable: {exc}") from exc
         self._conn = conn
@@ -408,19 +403,9 @@ def _apply(conn: sqlite3.Connection, record: Record) -> None:
             conn.execute("DELETE FROM verdicts WHERE cohort = ?", (key,))
     elif isinstance(record, TombstoneRecord):
         tomb = record.tombstone
-        digests, packed = tomb.to_bytes()
         conn.execute(
-            "INSERT OR REPLACE INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                encode_key(tomb.key),
-                tomb.group_size,
-                tomb.prompt_digest,
-                digests,
-                packed,
-                None if packed is not None else encode_outcome(tomb.outcome),
-                tomb.finished_at,
-                record.expires_at,
-            ),
+            "INSERT OR REPLACE INTO tombstones VALUES (?, ?, ?)",
+            (encode_key(tomb.key), tomb.record(), record.expires_at),
         )
     elif isinstance(record, DropTombstone):
         key = encode_key(record.key)
@@ -462,12 +447,6 @@ def _verdict(cohort: CohortKey, row: Sequence[Any]) -> VerdictRecord:
     )
 
 
-def _terminal(outcome: Outcome) -> Masked | Failed:
-    if isinstance(outcome, Completed):
-        raise StoreError("a completed tombstone without its packed outcome")
-    return outcome
-
-
 def _load(conn: sqlite3.Connection, now_wall: float) -> Recovered:
     members: dict[str, list[MemberRecord]] = {}
     for key, _slot, coords, digest, reasoning, answer in conn.execute(
@@ -499,20 +478,9 @@ def _load(conn: sqlite3.Connection, now_wall: float) -> Recovered:
         )
     )
     tombstones = tuple(
-        TombstoneRecord(
-            Tombstone.from_bytes(
-                decode_key(key),
-                size,
-                digest,
-                digests,
-                packed if packed is not None else _terminal(decode_outcome(outcome)),
-                finished,
-            ),
-            expires,
-        )
-        for key, size, digest, digests, packed, outcome, finished, expires in conn.execute(
-            "SELECT key, group_size, prompt_digest, digests, packed, outcome, finished_at, "
-            "expires_at FROM tombstones WHERE expires_at > ? ORDER BY expires_at",
+        TombstoneRecord(Tombstone.from_record(blob), expires)
+        for blob, expires in conn.execute(
+            "SELECT record, expires_at FROM tombstones WHERE expires_at > ? ORDER BY expires_at",
             (now_wall,),
         )
     )

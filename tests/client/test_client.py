@@ -124,12 +124,15 @@ async def test_unavailable_is_retried_until_the_server_restarts_on_the_same_port
 async def test_unavailable_retries_give_up_after_max_attempts(
     fake_judge: FakeJudgeServer,
 ) -> None:
-    async with cohort_server(fake_judge.url) as port:
-        pass
     log = RetryLog()
-    async with CohortClient(
-        f"127.0.0.1:{port}", options=FAST_RECONNECT, retry=log.policy(max_attempts=3)
-    ) as client:
+    async with cohort_server(fake_judge.url) as port:
+        client = CohortClient(
+            f"127.0.0.1:{port}", options=FAST_RECONNECT, retry=log.policy(max_attempts=3)
+        )
+        await client.connect()
+    # Connected once, then the server went away: UNAVAILABLE is retried, then given up.
+    # (A server that never answered is a CohortConnectError instead: tests/client/test_connect.py.)
+    async with client:
         with pytest.raises(CohortError) as caught:
             await client.compare(PROMPT, ANSWERS)
     assert caught.value.code == grpc.StatusCode.UNAVAILABLE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 
 from hypothesis import given, settings
@@ -16,6 +17,7 @@ from genrm_grpc.cohort.model import (
     Tombstone,
 )
 from genrm_grpc.scoring.types import JudgedPair, Verdict
+from genrm_grpc.store.memory import MemoryStore
 
 KEY = CohortKey("g", None, 0)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
@@ -72,3 +74,52 @@ def test_digests_come_back_per_slot_and_empty_slots_stay_empty() -> None:
     assert tomb.failed == Failed("deadline") and tomb.outcome == Failed("deadline")
     masked = Tombstone(KEY, 1, "p", {}, Masked("judge down"), 0.0)
     assert masked.outcome == Masked("judge down") and masked.failed is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(completed_outcomes())
+def test_a_tombstone_comes_back_equal_from_its_stored_record(outcome: Completed) -> None:
+    digests = {0: hashlib.sha256(b"a").hexdigest()}
+    tomb = Tombstone(KEY, len(outcome.rewards), "p" * 64, digests, outcome, 12.5)
+    back = Tombstone.from_record(tomb.record())
+    assert back == tomb
+    assert (back.key, back.group_size, back.prompt_digest, back.finished_at) == (
+        KEY,
+        len(outcome.rewards),
+        "p" * 64,
+        12.5,
+    )
+    assert back.digests == digests and back.outcome == outcome
+
+
+def test_masked_and_failed_tombstones_come_back_from_their_records() -> None:
+    legacy = CohortKey(None, "task-3:abc", 2)
+    for key, outcome in (
+        (KEY, Masked("judge down", {"judge_failures": 3.0})),
+        (KEY, Failed("deadline")),
+        (legacy, Failed("superseded", legacy=True)),
+    ):
+        back = Tombstone.from_record(Tombstone(key, 2, "p", {}, outcome, 1.0).record())
+        assert back.key == key and back.outcome == outcome
+
+
+def test_retained_tombstones_leave_nothing_for_the_cyclic_gc_to_walk() -> None:
+    """A full collection walks every tracked object: retained cohorts must add none."""
+    outcome = Completed(
+        rewards=tuple(MemberReward(3.0, 3.0, 3.0, 0.0) for _ in range(4)),
+        metrics={"mean": 3.0},
+        judged=tuple(JudgedPair(k, (k + 1) % 4, 0, Verdict(4.0, 3.0, 3.0)) for k in range(4)),
+    )
+    digests = {k: hashlib.sha256(bytes([k])).hexdigest() for k in range(4)}
+    store = MemoryStore(ttl_s=1e9, max_records=10_000)
+    gc.collect()
+    before = len(gc.get_objects())
+    for n in range(2_000):
+        key = CohortKey(f"g-{n}", None, 0)
+        store.put_tombstone(Tombstone(key, 4, "p" * 64, digests, outcome, 1.0), 1.0)
+    gc.collect()
+    added = len(gc.get_objects()) - before
+    assert store.counts()["tombstones"] == 2_000
+    assert added < 20, f"{added} tracked objects for 2,000 retained tombstones"
+    found = store.tombstone(CohortKey("g-7", None, 0), 2.0)
+    assert found is not None and found.outcome == outcome and found.digests == digests

@@ -8,7 +8,7 @@ from typing import Any
 
 from genrm_grpc.collect import main_async
 from genrm_grpc.collect.rows import form_groups, parse_lines
-from genrm_grpc.judge.fake import FakeJudgeServer
+from genrm_grpc.judge.fake import FakeJudgeServer, pair_key
 from tests.client.support import cohort_server, gym_rows, judged_text, prewarm_pairs
 
 GOOD_A = ["Seven is a prime number.", "Four.", "Two is the only even prime number.", "Nine."]
@@ -111,8 +111,18 @@ async def test_collect_writes_usable_rewards_failures_with_class_and_metrics(
     assert metrics["masked_rate"] == 4 / 12
     assert metrics["judge_comparisons"] == 8
     # Incomplete group never reached the server: only the two good groups and the
-    # outage group's four failing first requests were judged.
-    assert fake_judge.stats()["total"] - warm == 12
+    # outage group were judged. The good groups' 8 comparisons took one request each;
+    # the outage group's first failing request masks it at once, so how many of its four
+    # pair requests were already sent depends on scheduling (1 to 4), never more.
+    judged = fake_judge.stats()["total"] - warm
+    assert 8 + 1 <= judged <= 8 + 4
+    never = pair_texts(["Three.", "Five.", "Seven.", "Nine."])
+    asked = fake_judge.stats()["pairs"]
+    outage = pair_texts(OUTAGE)
+    assert any(pair_key(a, b) in asked for a in outage for b in outage if a != b)
+    assert not any(pair_key(a, b) in asked for a in never for b in never if a != b), (
+        "a pair of the incomplete group was judged"
+    )
 
 
 async def test_zero_count_policy_decides_metrics_and_the_exit_code(

@@ -145,3 +145,75 @@ def test_every_runbook_command_gives_the_documented_output(live_server: dict[str
             f"docs/runbook.md line {step.line}: `{step.command}`\n"
             f"--- documented ---\n{step.expected}\n--- actual ---\n{done.stdout}"
         )
+
+
+def _start_section() -> tuple[str, str]:
+    """The runbook's server.yaml and its `GENRM_TOKENS=... serve` command."""
+    text = RUNBOOK.read_text()
+    section = text.split("## Start and stop", 1)[1].split("\n## ", 1)[0]
+    config = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    command = next(
+        line for line in section.splitlines() if line.startswith("GENRM_TOKENS=... genrm-grpc")
+    )
+    return config, command
+
+
+def _loopback(config: str) -> str:
+    """The runbook's file with loopback ports instead of the production addresses."""
+    config = config.replace('"0.0.0.0:50051"', '"127.0.0.1:0"')
+    return config.replace('"0.0.0.0:9464"', f'"127.0.0.1:{_free_port()}"')
+
+
+def _run_start_command(command: str, config: pathlib.Path, token: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GENRM_")}
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}"
+    line = command.replace("GENRM_TOKENS=...", f"GENRM_TOKENS={token}")
+    line = line.replace("/etc/genrm/server.yaml", str(config))
+    return subprocess.Popen(
+        ["bash", "-c", line],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def test_the_start_command_and_file_of_the_runbook_start_a_server_with_auth(
+    tmp_path: pathlib.Path,
+) -> None:
+    config_text, command = _start_section()
+    assert "tokens_env: GENRM_TOKENS" in config_text
+    config = tmp_path / "server.yaml"
+    config.write_text(_loopback(config_text))
+    proc = _run_start_command(command, config, TOKEN)
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        assert ready.startswith("genrm-grpc serving on 127.0.0.1:"), ready
+        addr = ready.split()[-1]
+        listed = subprocess.run(
+            [str(VENV_BIN / "grpcurl"), "-plaintext", addr, "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "Unauthenticated" in listed.stdout + listed.stderr  # the tokens are in force
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_the_start_command_without_the_auth_block_is_refused_not_served_open(
+    tmp_path: pathlib.Path,
+) -> None:
+    config_text, command = _start_section()
+    config = tmp_path / "server.yaml"
+    config.write_text(_loopback(config_text.split("auth:", 1)[0]))
+    proc = _run_start_command(command, config, TOKEN)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and out == ""
+    assert err.strip() == (
+        "genrm-grpc: invalid configuration: unknown environment variable GENRM_TOKENS "
+        "(settings are GENRM_<KEY> and GENRM_<BLOCK>__<KEY>; a variable holding a secret "
+        "must be named by judge.api_key_env or auth.tokens_env)"
+    )

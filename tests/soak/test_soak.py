@@ -12,7 +12,9 @@ async def test_small_soak_gives_every_member_one_outcome_of_its_class_and_leaks_
         wave=25,
         warmup_waves=2,
         concurrency=25,
-        collection_timeout_s=2.0,
+        # Long enough that a member delayed by a loaded CI machine still arrives in time;
+        # the "never" scenario waits this long once per wave.
+        collection_timeout_s=6.0,
         max_terminal_cohorts=32,
     )
     report = await run_soak(cfg)

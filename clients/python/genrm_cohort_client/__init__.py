@@ -12,7 +12,9 @@ this package adds:
   attempt + 1; never INVALID_ARGUMENT / FAILED_PRECONDITION / ALREADY_EXISTS;
 * :class:`ChannelOptions`: keepalive matched to the server, message limits,
   wait-for-ready, TLS / mTLS and a bearer token;
-* :class:`CohortError`, the one exception type (code, ErrorInfo reason, metadata), and
+* :class:`CohortError`, the one exception type (code, ErrorInfo reason, metadata; its
+  subclass :class:`CohortConnectError` when nothing answers at the address within
+  ``ChannelOptions.connect_timeout_s``), and
   :func:`error_info` / :func:`status_error_info` to decode any status.
 
 What to do with a status (see docs/protocol.md):
@@ -25,15 +27,18 @@ from __future__ import annotations
 from genrm_cohort_client.client import (
     CandidateLike,
     CohortClient,
+    MemberRefLike,
     PromptLike,
     Regenerate,
     make_candidate,
+    make_member_ref,
     make_prompt,
 )
 from genrm_cohort_client.errors import (
     NEVER_RETRY,
     REGENERATE_GROUP,
     RETRY_SAME_CALL,
+    CohortConnectError,
     CohortError,
     ErrorDetails,
     error_info,
@@ -56,9 +61,11 @@ __all__ = [
     "CandidateLike",
     "ChannelOptions",
     "CohortClient",
+    "CohortConnectError",
     "CohortError",
     "ErrorDetails",
     "GroupAttempts",
+    "MemberRefLike",
     "PromptLike",
     "Regenerate",
     "RetryPolicy",
@@ -66,6 +73,7 @@ __all__ = [
     "error_info",
     "make_candidate",
     "make_channel",
+    "make_member_ref",
     "make_prompt",
     "new_group_id",
     "status_error_info",

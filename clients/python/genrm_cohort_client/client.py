@@ -21,17 +21,25 @@ import grpc
 import tenacity
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
+from google.protobuf import json_format
 
-from genrm_cohort_client.errors import CohortError, ErrorDetails, status_error_info
+from genrm_cohort_client.errors import (
+    CohortConnectError,
+    CohortError,
+    ErrorDetails,
+    status_error_info,
+)
 from genrm_cohort_client.ids import GroupAttempts, new_group_id
 from genrm_cohort_client.options import ChannelOptions, RetryPolicy, make_channel
 
 __all__ = [
     "CandidateLike",
     "CohortClient",
+    "MemberRefLike",
     "PromptLike",
     "Regenerate",
     "make_candidate",
+    "make_member_ref",
     "make_prompt",
 ]
 
@@ -41,6 +49,9 @@ PromptLike = pb.Prompt | str | Sequence[tuple[str, str]] | Sequence[Mapping[str,
 """A ``Prompt``, a single user turn, ``(role, content)`` pairs or ``{"role", "content"}`` dicts."""
 CandidateLike = pb.Candidate | str | Mapping[str, Any]
 """A ``Candidate``, an answer text, or a whole Responses-API object (sent as JSON)."""
+MemberRefLike = pb.MemberRef | Mapping[str, Any]
+"""A ``MemberRef`` or a plain mapping of its fields (``{"group_id": …, "rollout_index": …}``;
+the JSON names ``groupId`` … work too)."""
 Regenerate = Callable[[int], Awaitable[Sequence[CandidateLike]]]
 """Called with the new group attempt after ABORTED; returns the replacement answers."""
 
@@ -70,6 +81,21 @@ def make_prompt(
     if baseline_response is not None:
         out.baseline_response = baseline_response
     return out
+
+
+def make_member_ref(member: MemberRefLike) -> pb.MemberRef:
+    """Build a ``MemberRef`` from any :data:`MemberRefLike` (a ``MemberRef`` as is).
+
+    An unknown field or a value of the wrong type raises ``ValueError`` naming it.
+    """
+    if isinstance(member, pb.MemberRef):
+        return member
+    if not isinstance(member, Mapping):
+        raise TypeError(f"member must be a MemberRef or a mapping, not {type(member).__name__}")
+    try:
+        return json_format.ParseDict(dict(member), pb.MemberRef())
+    except json_format.ParseError as exc:
+        raise ValueError(f"invalid member: {exc}".replace("\n", " ")) from None
 
 
 def make_candidate(candidate: CandidateLike) -> pb.Candidate:
@@ -116,6 +142,10 @@ class CohortClient:
         self._metadata = self.options.call_metadata() or None
         self.stub = pb_grpc.CohortServiceStub(self._channel)
         self.attempts = GroupAttempts()
+        self._connected = False
+        self._connect_lock: asyncio.Lock | None = None
+        self._connect_failures = 0
+        self._connect_error: CohortConnectError | None = None
 
     async def __aenter__(self) -> CohortClient:
         return self
@@ -129,6 +159,66 @@ class CohortClient:
     @property
     def channel(self) -> grpc.aio.Channel:
         return self._channel
+
+    async def connect(self, timeout: float | None = None) -> None:
+        """Wait for the first connection to the server.
+
+        ``timeout`` defaults to ``ChannelOptions.connect_timeout_s`` (``None`` there:
+        no limit). Raises :class:`CohortConnectError` when nothing answers in time. Every
+        call does this implicitly until the client has connected once; calling it first
+        lets a program say "connecting…" and fail early. Concurrent callers share one
+        attempt: when it fails, all of them get the error at once.
+        """
+        if self._connected:
+            return
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        failures = self._connect_failures
+        async with self._connect_lock:
+            if self._connected:
+                return
+            if self._connect_failures != failures and self._connect_error is not None:
+                error = self._connect_error  # the attempt this caller queued behind failed
+                raise CohortConnectError(error.target, error.timeout_s, error.cause)
+            limit = self.options.connect_timeout_s if timeout is None else timeout
+            try:
+                await self._wait_connected(limit)
+            except CohortConnectError as exc:
+                self._connect_failures += 1
+                self._connect_error = exc
+                raise
+            self._connected = True
+
+    async def _wait_connected(self, limit: float | None) -> None:
+        if self._channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            return
+        if limit is None:
+            await self._channel.channel_ready()
+            return
+        try:
+            async with asyncio.timeout(limit):
+                await self._channel.channel_ready()
+        except TimeoutError:
+            cause = await self._connect_failure_cause()
+            if cause is not None:
+                raise CohortConnectError(self.target, limit, cause) from None
+
+    async def _connect_failure_cause(self) -> str | None:
+        """Why the channel is not connected (gRPC's own words), or None if it now is.
+
+        One call that does not wait for a connection fails at once with the transport's
+        last error; any answer from a server (even UNIMPLEMENTED) means it is reachable.
+        """
+        probe = self._channel.unary_unary("/grpc.health.v1.Health/Check")
+        try:
+            await probe(b"", timeout=1.0, wait_for_ready=False, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return "no answer from the address (the connection attempt is still pending)"
+            if code == grpc.StatusCode.UNAVAILABLE:
+                return exc.details() or "unavailable"
+        return None
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -144,8 +234,8 @@ class CohortClient:
 
     @staticmethod
     def _retryable(policy: RetryPolicy, exc: BaseException) -> bool:
-        if not isinstance(exc, CohortError):
-            return False
+        if not isinstance(exc, CohortError) or isinstance(exc, CohortConnectError):
+            return False  # a connect failure already waited its connect deadline
         if exc.code == grpc.StatusCode.UNAVAILABLE:
             return True
         return (
@@ -191,6 +281,7 @@ class CohortClient:
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
     async def _unary(self, method: Any, request: Any, timeout: float | None, **ctx: Any) -> Any:
+        await self.connect()
         try:
             return await method(request, **self._call_kwargs(timeout))
         except grpc.RpcError as exc:
@@ -200,14 +291,19 @@ class CohortClient:
 
     async def submit_member(
         self,
-        member: pb.MemberRef,
+        member: MemberRefLike,
         prompt: PromptLike,
         candidate: CandidateLike,
         *,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
     ) -> pb.MemberResult:
-        """``SubmitMember``: waits for the cohort's outcome; resends on UNAVAILABLE."""
+        """``SubmitMember``: waits for the cohort's outcome; resends on UNAVAILABLE.
+
+        ``member`` is a ``MemberRef`` or a mapping such as ``{"group_id": "job-1/p-3",
+        "group_attempt": 0, "rollout_index": 2, "group_size": 8}``.
+        """
+        member = make_member_ref(member)
         request = pb.SubmitMemberRequest(
             member=member, prompt=make_prompt(prompt), candidate=make_candidate(candidate)
         )
@@ -244,7 +340,7 @@ class CohortClient:
 
     async def get_cohort(
         self,
-        member: pb.MemberRef | str,
+        member: MemberRefLike | str,
         *,
         attempt: int | None = None,
         prompt: PromptLike | None = None,
@@ -257,7 +353,7 @@ class CohortClient:
             if attempt is not None:
                 ref.group_attempt = attempt
         else:
-            ref = member
+            ref = make_member_ref(member)
         request = pb.GetCohortRequest(member=ref)
         if prompt is not None:
             request.prompt.CopyFrom(make_prompt(prompt))
@@ -287,6 +383,7 @@ class CohortClient:
                 for item in requests:
                     yield pb.StreamGroupsRequest(member=item)
 
+        await self.connect()
         call = self.stub.StreamGroups(wrap(), **self._call_kwargs(timeout))
         try:
             async for event in call:
@@ -450,6 +547,7 @@ class CohortClient:
     ) -> None:
         """One stream carrying every pending member; results leave ``pending``."""
         ctx: dict[str, Any] = {"group_id": group_id, "group_attempt": attempt}
+        await self.connect()
         requests = [pb.StreamGroupsRequest(member=m) for m in pending.values()]
         call = self.stub.StreamGroups(iter(requests), **self._call_kwargs(timeout))
         retry_later: ErrorDetails | None = None

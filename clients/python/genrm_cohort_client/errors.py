@@ -13,6 +13,7 @@ __all__ = [
     "NEVER_RETRY",
     "REGENERATE_GROUP",
     "RETRY_SAME_CALL",
+    "CohortConnectError",
     "CohortError",
     "ErrorDetails",
     "error_info",
@@ -144,3 +145,20 @@ class CohortError(Exception):
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError, **kwargs: Any) -> CohortError:
         return cls(error_info(error), **kwargs)
+
+
+class CohortConnectError(CohortError):
+    """The client could not connect to ``target`` within its connect deadline.
+
+    Raised (code ``UNAVAILABLE``, no ErrorInfo reason) instead of waiting silently until
+    a call's deadline when nothing answers at the address. It is not retried: check the
+    address, start the server, or give ``ChannelOptions.connect_timeout_s=None`` (or a
+    longer one) to wait for a server that is still starting.
+    """
+
+    def __init__(self, target: str, timeout_s: float, cause: str, **kwargs: Any) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self.cause = cause
+        message = f"cannot connect to {target} within {timeout_s:g} s: {cause}"
+        super().__init__(ErrorDetails(code=grpc.StatusCode.UNAVAILABLE, message=message), **kwargs)

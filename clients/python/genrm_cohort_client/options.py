@@ -19,8 +19,12 @@ class ChannelOptions:
 
     Keepalive matches the server's policy (it permits pings every >= 20 s without
     data): a ping every 30 s, 10 s to answer, also while no call is active, with no
-    limit on pings without data. ``wait_for_ready`` makes calls wait for a connection
-    (until their deadline) instead of failing at once while the server is unreachable.
+    limit on pings without data. ``connect_timeout_s`` bounds the wait for the *first*
+    connection: when nothing answers at the address within it, calls raise
+    :class:`~genrm_cohort_client.CohortConnectError` instead of waiting until their
+    deadline; ``None`` waits as long as the call's deadline allows (for a server that is
+    still starting). Once connected, ``wait_for_ready`` makes calls wait for a
+    reconnection (until their deadline) instead of failing at once.
     TLS is on when ``tls`` is true or any certificate is given; ``client_cert_chain`` +
     ``client_private_key`` (PEM) enable mutual TLS. ``bearer_token`` is sent as
     ``authorization: Bearer <token>`` metadata on every call (use TLS outside loopback).
@@ -32,6 +36,7 @@ class ChannelOptions:
     keepalive_timeout_ms: int = 10_000
     keepalive_permit_without_calls: bool = True
     wait_for_ready: bool = True
+    connect_timeout_s: float | None = 5.0
     initial_reconnect_backoff_ms: int = 1_000
     max_reconnect_backoff_ms: int = 10_000
     tls: bool = False
@@ -46,6 +51,8 @@ class ChannelOptions:
     def __post_init__(self) -> None:
         if (self.client_private_key is None) != (self.client_cert_chain is None):
             raise ValueError("mutual TLS needs both client_private_key and client_cert_chain")
+        if self.connect_timeout_s is not None and not 0 < self.connect_timeout_s < float("inf"):
+            raise ValueError("connect_timeout_s must be > 0 and finite (or None to wait)")
         for name in ("max_send_message_bytes", "max_receive_message_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")

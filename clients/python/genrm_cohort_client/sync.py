@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from genrm.cohort.v1 import cohort_pb2 as pb
 
-from genrm_cohort_client.client import CandidateLike, CohortClient, PromptLike
+from genrm_cohort_client.client import CandidateLike, CohortClient, MemberRefLike, PromptLike
 from genrm_cohort_client.options import ChannelOptions, RetryPolicy
 
 __all__ = ["SyncCohortClient"]
@@ -68,9 +68,13 @@ class SyncCohortClient:
             self._thread.join()
             self._loop.close()
 
+    def connect(self, timeout: float | None = None) -> None:
+        """Wait for the first connection (see ``CohortClient.connect``)."""
+        self._run(self.client.connect(timeout))
+
     def submit_member(
         self,
-        member: pb.MemberRef,
+        member: MemberRefLike,
         prompt: PromptLike,
         candidate: CandidateLike,
         **kwargs: Any,
@@ -82,7 +86,7 @@ class SyncCohortClient:
     ) -> pb.CompareResponse:
         return self._run(self.client.compare(prompt, list(candidates), **kwargs))
 
-    def get_cohort(self, member: pb.MemberRef | str, **kwargs: Any) -> pb.CohortInfo:
+    def get_cohort(self, member: MemberRefLike | str, **kwargs: Any) -> pb.CohortInfo:
         return self._run(self.client.get_cohort(member, **kwargs))
 
     def evaluate_group(

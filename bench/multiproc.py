@@ -1,0 +1,839 @@
+"""The multi-process benchmark: load generator, server, judge and baselines as processes.
+
+Every process is started through its public interface — ``genrm-grpc serve --config``,
+``python -m bench.judge`` (an aiohttp judge with an in-flight gauge), ``python -m
+bench.baseline`` (bare grpc.aio servicers of the same proto) and ``python -m
+bench.loadgen`` (JSON commands on stdin) — so the harness keeps working whatever the
+server's internals become. Server CPU is read from ``/proc/PID/stat`` (user + system
+time of all its threads) before and after each run; judge counters from its ``/stats``.
+
+Sections (each compares its sides in the same run, alternating the order round by round
+— ABAB — and reports the median and the spread of the rounds):
+
+- ``throughput``  16-member groups, instant judge: the service vs the echo-plus-judge
+                  baseline (same judge bodies, same concurrency bound), SubmitMember and
+                  StreamGroups; server CPU per member and per judge call.
+- ``single``      1-member groups (no judge call): the service vs a bare echo.
+- ``saturation``  judge latency L = 100 ms, ``judge_max_concurrency`` C = 16, 64, 256:
+                  judge calls/s ÷ (C / L) in the steady state, and the most requests the
+                  judge ever saw in flight (must never exceed C).
+- ``retained``    p99 member latency with 100 vs 50,000 retained cohorts (two servers,
+                  the store at its cap so every new cohort evicts one).
+- ``profile``     py-spy on the server while it serves 1-member groups (both APIs).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+APIS = ("SubmitMember", "StreamGroups")
+MP_SECTIONS = ("throughput", "single", "saturation", "retained", "profile")
+PRINCIPLE = (
+    "Judge which response better answers the user: correct, complete and clear; "
+    "prefer the shorter one when they are equally good."
+)
+MODEL = "bench-genrm"
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class MultiPlan:
+    rounds: int = 3
+    group_size: int = 16
+    in_flight: int = 32
+    answer_bytes: int = 2048
+    groups: int = 96
+    warmup_groups: int = 16
+    concurrency: int = 64
+    single_groups: int = 1500
+    single_in_flight: int = 128
+    sat_levels: tuple[int, ...] = (16, 64, 256)
+    sat_latency_ms: float = 100.0
+    sat_rounds: int = 2
+    sat_warmup_s: float = 1.0
+    sat_window_s: float = 3.0
+    retained: tuple[int, ...] = (100, 50_000)
+    retained_groups: int = 100
+    #: Few groups in flight: latency then shows pauses rather than queueing behind load.
+    retained_in_flight: int = 4
+    profile_s: float = 5.0
+    sections: tuple[str, ...] = MP_SECTIONS
+
+
+QUICK_MULTI = MultiPlan(
+    rounds=2,
+    groups=24,
+    warmup_groups=4,
+    single_groups=300,
+    sat_levels=(16, 64),
+    sat_rounds=1,
+    sat_warmup_s=0.5,
+    sat_window_s=1.0,
+    retained=(100, 2_000),
+    retained_groups=16,
+    profile_s=1.5,
+)
+
+
+# ----------------------------------------------------------------------------- processes
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all threads (Linux /proc/PID/stat)."""
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK
+
+
+class Proc:
+    """A child process that prints one readiness line with its address."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        ready: str,
+        logs: pathlib.Path,
+        *,
+        stdin: bool = False,
+    ) -> None:
+        self.name = name
+        self.log_path = logs / f"{name}.log"
+        self._log = self.log_path.open("w")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=env,
+        )
+        assert self.proc.stdout is not None
+        self.stdout: IO[str] = self.proc.stdout
+        self.port = 0
+        pattern = re.compile(ready)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = self.stdout.readline()
+            if not line:
+                break
+            found = pattern.search(line)
+            if found:
+                self.port = int(found.group(1)) if found.groups() else 0
+                return
+        self.stop()
+        raise RuntimeError(f"{name} did not start; see {self.log_path}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class Judge(Proc):
+    def __init__(self, name: str, latency_ms: float, logs: pathlib.Path) -> None:
+        argv = [sys.executable, "-m", "bench.judge", "--latency-ms", str(latency_ms)]
+        super().__init__(name, argv, r"listening on [\d.]+:(\d+)", logs)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _call(self, path: str, method: str = "GET") -> Any:
+        req = urllib.request.Request(
+            self.url + path, method=method, data=b"" if method == "POST" else None
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self._call("/stats")
+        return stats
+
+    def reset(self) -> None:
+        self._call("/stats/reset", "POST")
+
+    def record(self, n: int) -> None:
+        self._call(f"/record?n={n}", "POST")
+
+    def bodies(self) -> list[Any]:
+        bodies: list[Any] = self._call("/bodies")
+        return bodies
+
+
+def start_service(
+    name: str, judge: Judge, logs: pathlib.Path, *, concurrency: int, **extra: Any
+) -> Proc:
+    config = {
+        "listen": "127.0.0.1:0",
+        "judge": {
+            "url": judge.url,
+            "api": "responses",
+            "model": MODEL,
+            "max_connections": max(64, concurrency),
+        },
+        "default_principle": PRINCIPLE,
+        "comparison_strategy": "circular",
+        "judge_max_concurrency": concurrency,
+        "max_concurrent_streams": 4096,
+        "log_level": "WARNING",
+        **extra,
+    }
+    path = logs / f"{name}.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    exe = shutil.which("genrm-grpc", path=str(pathlib.Path(sys.executable).parent))
+    argv = [exe] if exe else [sys.executable, "-m", "genrm_grpc.cli"]
+    return Proc(name, [*argv, "serve", "--config", str(path)], r"serving on [\d.]+:(\d+)", logs)
+
+
+def start_baseline(
+    name: str, mode: str, judge: Judge, logs: pathlib.Path, *, concurrency: int
+) -> Proc:
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.baseline",
+        "--mode",
+        mode,
+        "--judge-url",
+        judge.url,
+        "--model",
+        MODEL,
+        "--principle",
+        PRINCIPLE,
+        "--concurrency",
+        str(concurrency),
+    ]
+    return Proc(name, argv, r"serving on [\d.]+:(\d+)", logs)
+
+
+class LoadGen(Proc):
+    def __init__(self, logs: pathlib.Path) -> None:
+        argv = [sys.executable, "-m", "bench.loadgen"]
+        super().__init__("loadgen", argv, r"\"ready\"", logs, stdin=True)
+
+    def send(self, **cmd: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def result(self) -> dict[str, Any]:
+        line = self.stdout.readline()
+        if not line:
+            raise RuntimeError(f"loadgen exited; see {self.log_path}")
+        out: dict[str, Any] = json.loads(line)
+        if "exception" in out:
+            raise RuntimeError(f"loadgen failed: {out['exception']}")
+        return out
+
+    def run(self, **cmd: Any) -> dict[str, Any]:
+        self.send(**cmd)
+        return self.result()
+
+
+# ----------------------------------------------------------------------------- measuring
+@dataclass(slots=True)
+class Run:
+    side: str
+    api: str
+    round: int
+    members_per_s: float
+    member_p50_ms: float
+    member_p99_ms: float
+    member_max_ms: float
+    group_p99_ms: float
+    members: int
+    errors: int
+    masked: int
+    elapsed_s: float
+    server_cpu_s: float
+    judge_calls: int
+    judge_max_in_flight: int
+    cpu_us_per_member: float = math.nan
+    cpu_us_per_judge_call: float = math.nan
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+def timed(load: LoadGen, target: Proc, judge: Judge | None, side: str, rnd: int, **cmd: Any) -> Run:
+    if judge is not None:
+        judge.reset()
+    cpu0 = target.cpu()
+    out = load.run(target=target.target, **cmd)
+    cpu = target.cpu() - cpu0
+    stats = judge.stats() if judge is not None else {"requests": 0, "max_in_flight": 0}
+    if out["errors"]:
+        raise RuntimeError(
+            f"{side} {cmd['api']}: {out['errors']} errors, e.g. {out['first_error']}"
+        )
+    run = Run(
+        side=side,
+        api=cmd["api"],
+        round=rnd,
+        members_per_s=out["members_per_s"],
+        member_p50_ms=out["member_p50_ms"],
+        member_p99_ms=out["member_p99_ms"],
+        member_max_ms=out["member_max_ms"],
+        group_p99_ms=out["group_p99_ms"],
+        members=out["members"],
+        errors=out["errors"],
+        masked=out["masked"],
+        elapsed_s=out["elapsed_s"],
+        server_cpu_s=cpu,
+        judge_calls=int(stats["requests"]),
+        judge_max_in_flight=int(stats["max_in_flight"]),
+        latencies_ms=out.get("latencies_ms", []),
+    )
+    run.cpu_us_per_member = cpu / run.members * 1e6 if run.members else math.nan
+    run.cpu_us_per_judge_call = cpu / run.judge_calls * 1e6 if run.judge_calls else math.nan
+    return run
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    vals = [v for v in values if not math.isnan(v)]
+    return {
+        "median": statistics.median(vals) if vals else math.nan,
+        "min": min(vals, default=math.nan),
+        "max": max(vals, default=math.nan),
+        "rounds": list(values),
+    }
+
+
+def abab(
+    plan: MultiPlan,
+    load: LoadGen,
+    sides: dict[str, Proc],
+    judge: Judge | None,
+    *,
+    apis: Sequence[str],
+    rounds: int,
+    **cmd: Any,
+) -> dict[str, Any]:
+    """Both sides per API and round, the order alternating round by round; ratios A/B."""
+    names = list(sides)
+    runs: list[Run] = []
+    for rnd in range(rounds):
+        order = names if rnd % 2 == 0 else names[::-1]
+        for api in apis:
+            for name in order:
+                prefix = f"{name}-{api}-r{rnd}"
+                runs.append(
+                    timed(load, sides[name], judge, name, rnd, api=api, prefix=prefix, **cmd)
+                )
+                last = runs[-1]
+                print(
+                    f"   {name:>9} {api:>12} round {rnd + 1}: {last.members_per_s:,.0f} "
+                    f"members/s, p99 {last.member_p99_ms:.1f} ms, "
+                    f"server CPU {last.cpu_us_per_member:.0f} µs/member",
+                    flush=True,
+                )
+    a, b = names
+    summary: dict[str, Any] = {}
+    for api in apis:
+        per = {n: [r for r in runs if r.api == api and r.side == n] for n in names}
+        ratios = [
+            ra.members_per_s / rb.members_per_s for ra, rb in zip(per[a], per[b], strict=True)
+        ]
+        summary[api] = {
+            "ratio": spread(ratios),
+            **{
+                n: {
+                    "members_per_s": spread([r.members_per_s for r in per[n]]),
+                    "cpu_us_per_member": spread([r.cpu_us_per_member for r in per[n]]),
+                    "cpu_us_per_judge_call": spread([r.cpu_us_per_judge_call for r in per[n]]),
+                    "member_p50_ms": spread([r.member_p50_ms for r in per[n]]),
+                    "member_p99_ms": spread([r.member_p99_ms for r in per[n]]),
+                    "judge_calls_per_member": spread(
+                        [r.judge_calls / r.members if r.members else math.nan for r in per[n]]
+                    ),
+                    "judge_max_in_flight": max(r.judge_max_in_flight for r in per[n]),
+                    "masked": sum(r.masked for r in per[n]),
+                }
+                for n in names
+            },
+        }
+    return {"sides": names, "summary": summary, "runs": [slim(r) for r in runs]}
+
+
+def slim(run: Run) -> dict[str, Any]:
+    d = asdict(run)
+    d.pop("latencies_ms")
+    return d
+
+
+def warm(load: LoadGen, target: Proc, size: int, groups: int, in_flight: int) -> None:
+    for api in APIS:
+        load.run(
+            target=target.target,
+            api=api,
+            prefix=f"warm-{api}",
+            size=size,
+            groups=groups,
+            in_flight=in_flight,
+        )
+
+
+# ----------------------------------------------------------------------------- sections
+def same_bodies(
+    load: LoadGen, judge: Judge, service: Proc, baseline: Proc, size: int
+) -> dict[str, Any]:
+    """Record the judge bodies of one identical group sent to each side; compare them."""
+    got: dict[str, list[str]] = {}
+    for name, target in (("service", service), ("baseline", baseline)):
+        judge.record(4 * size)
+        load.run(
+            target=target.target,
+            api="SubmitMember",
+            prefix="same-bodies",
+            size=size,
+            groups=1,
+            in_flight=1,
+        )
+        got[name] = sorted(json.dumps(b, sort_keys=True) for b in judge.bodies())
+    return {
+        "identical": got["service"] == got["baseline"],
+        "service_requests": len(got["service"]),
+        "baseline_requests": len(got["baseline"]),
+        "body_bytes": [len(b) for b in got["service"][:1]],
+    }
+
+
+def section_throughput(
+    plan: MultiPlan, load: LoadGen, judge: Judge, logs: pathlib.Path
+) -> dict[str, Any]:
+    service = start_service(
+        "service",
+        judge,
+        logs,
+        concurrency=plan.concurrency,
+        num_rollouts_per_prompt=plan.group_size,
+    )
+    base = start_baseline("baseline", "judge", judge, logs, concurrency=plan.concurrency)
+    try:
+        bodies = same_bodies(load, judge, service, base, plan.group_size)
+        print(f"   judge bodies service vs baseline identical: {bodies['identical']}", flush=True)
+        for p in (service, base):
+            warm(load, p, plan.group_size, plan.warmup_groups, plan.in_flight)
+        out = abab(
+            plan,
+            load,
+            {"service": service, "baseline": base},
+            judge,
+            apis=APIS,
+            rounds=plan.rounds,
+            size=plan.group_size,
+            groups=plan.groups,
+            in_flight=plan.in_flight,
+            answer_bytes=plan.answer_bytes,
+        )
+    finally:
+        service.stop()
+        base.stop()
+    out["bodies"] = bodies
+    return out
+
+
+def section_single(
+    plan: MultiPlan, load: LoadGen, judge: Judge, logs: pathlib.Path
+) -> dict[str, Any]:
+    service = start_service("service-single", judge, logs, concurrency=plan.concurrency)
+    echo = start_baseline("echo", "echo", judge, logs, concurrency=plan.concurrency)
+    try:
+        for p in (service, echo):
+            warm(load, p, 1, plan.warmup_groups * 8, plan.single_in_flight)
+        return abab(
+            plan,
+            load,
+            {"service": service, "echo": echo},
+            judge,
+            apis=APIS,
+            rounds=plan.rounds,
+            size=1,
+            groups=plan.single_groups,
+            in_flight=plan.single_in_flight,
+            answer_bytes=plan.answer_bytes,
+        )
+    finally:
+        service.stop()
+        echo.stop()
+
+
+def saturation_run(
+    plan: MultiPlan, load: LoadGen, judge: Judge, target: Proc, side: str, c: int, rnd: int
+) -> dict[str, Any]:
+    # Three times C pairs offered: a group's pairs start together and its members are
+    # answered when its slowest pair is back, so the queue must not run dry between groups.
+    in_flight = max(4, math.ceil(3 * c / plan.group_size))
+    judge.reset()
+    load.send(
+        target=target.target,
+        api="SubmitMember",
+        prefix=f"sat-{side}-{c}-r{rnd}",
+        size=plan.group_size,
+        in_flight=in_flight,
+        answer_bytes=plan.answer_bytes,
+        duration_s=plan.sat_warmup_s + plan.sat_window_s,
+    )
+    time.sleep(plan.sat_warmup_s)
+    t0, s0, cpu0 = time.perf_counter(), judge.stats(), target.cpu()
+    time.sleep(plan.sat_window_s)
+    t1, s1, cpu1 = time.perf_counter(), judge.stats(), target.cpu()
+    out = load.result()
+    stats = judge.stats()
+    if out["errors"]:
+        raise RuntimeError(f"saturation {side} C={c}: {out['first_error']}")
+    calls = s1["requests"] - s0["requests"]
+    per_s = calls / (t1 - t0)
+    ideal = c / (plan.sat_latency_ms / 1e3)
+    return {
+        "side": side,
+        "c": c,
+        "round": rnd,
+        "groups_in_flight": in_flight,
+        "pairs_per_s": per_s,
+        "ideal_per_s": ideal,
+        "saturation": per_s / ideal,
+        "max_in_flight": int(stats["max_in_flight"]),
+        "cpu_us_per_judge_call": (cpu1 - cpu0) / calls * 1e6 if calls else math.nan,
+        "server_cpu_share": (cpu1 - cpu0) / (t1 - t0),
+        "masked": out["masked"],
+    }
+
+
+def section_saturation(plan: MultiPlan, load: LoadGen, logs: pathlib.Path) -> dict[str, Any]:
+    judge = Judge("judge-100ms", plan.sat_latency_ms, logs)
+    rows: list[dict[str, Any]] = []
+    try:
+        for c in plan.sat_levels:
+            service = start_service(
+                f"service-c{c}", judge, logs, concurrency=c, num_rollouts_per_prompt=plan.group_size
+            )
+            base = start_baseline(f"baseline-c{c}", "judge", judge, logs, concurrency=c)
+            try:
+                for p in (service, base):
+                    load.run(
+                        target=p.target,
+                        api="SubmitMember",
+                        prefix="warm",
+                        size=plan.group_size,
+                        groups=4,
+                        in_flight=4,
+                        answer_bytes=plan.answer_bytes,
+                    )
+                sides = (("service", service), ("baseline", base))
+                for rnd in range(plan.sat_rounds):
+                    for side, proc in sides if rnd % 2 == 0 else sides[::-1]:
+                        row = saturation_run(plan, load, judge, proc, side, c, rnd)
+                        rows.append(row)
+                        print(
+                            f"   C={c:>3} {side:>8} round {rnd + 1}: {row['pairs_per_s']:,.0f} "
+                            f"calls/s = {row['saturation']:.2f}× C/L, max in flight "
+                            f"{row['max_in_flight']}, server CPU {row['cpu_us_per_judge_call']:.0f}"
+                            " µs/call",
+                            flush=True,
+                        )
+            finally:
+                service.stop()
+                base.stop()
+    finally:
+        judge.stop()
+    summary = {}
+    for c in plan.sat_levels:
+        for side in ("service", "baseline"):
+            mine = [r for r in rows if r["c"] == c and r["side"] == side]
+            summary[f"{side}-{c}"] = {
+                "saturation": spread([r["saturation"] for r in mine]),
+                "pairs_per_s": spread([r["pairs_per_s"] for r in mine]),
+                "max_in_flight": max(r["max_in_flight"] for r in mine),
+                "cpu_us_per_judge_call": spread([r["cpu_us_per_judge_call"] for r in mine]),
+            }
+    return {
+        "latency_ms": plan.sat_latency_ms,
+        "levels": list(plan.sat_levels),
+        "rows": rows,
+        "summary": summary,
+    }
+
+
+def section_retained(
+    plan: MultiPlan, load: LoadGen, judge: Judge, logs: pathlib.Path
+) -> dict[str, Any]:
+    servers: dict[str, Proc] = {}
+    fill: dict[str, float] = {}
+    try:
+        for n in plan.retained:
+            name = f"retained-{n}"
+            servers[name] = start_service(
+                name,
+                judge,
+                logs,
+                concurrency=plan.concurrency,
+                num_rollouts_per_prompt=plan.group_size,
+                max_terminal_cohorts=n,
+                cohort_result_ttl_s=1e7,
+            )
+            t0 = time.perf_counter()
+            load.run(
+                target=servers[name].target,
+                api="StreamGroups",
+                prefix="fill",
+                size=1,
+                groups=n,
+                in_flight=256,
+                answer_bytes=64,
+            )
+            fill[name] = time.perf_counter() - t0
+            print(f"   {name}: prefilled {n:,} cohorts in {fill[name]:.1f} s", flush=True)
+        for p in servers.values():
+            warm(load, p, plan.group_size, plan.warmup_groups, plan.in_flight)
+        runs: list[Run] = []
+        names = list(servers)
+        for rnd in range(plan.rounds):
+            for name in names if rnd % 2 == 0 else names[::-1]:
+                run = timed(
+                    load,
+                    servers[name],
+                    judge,
+                    name,
+                    rnd,
+                    api="SubmitMember",
+                    prefix=f"ret-r{rnd}",
+                    size=plan.group_size,
+                    groups=plan.retained_groups,
+                    in_flight=plan.retained_in_flight,
+                    answer_bytes=plan.answer_bytes,
+                    keep_latencies=True,
+                )
+                runs.append(run)
+                print(
+                    f"   {name:>16} round {rnd + 1}: member p99 {run.member_p99_ms:.1f} ms, "
+                    f"max {run.member_max_ms:.1f} ms",
+                    flush=True,
+                )
+    finally:
+        for p in servers.values():
+            p.stop()
+    lo, hi = names[0], names[-1]
+    per = {n: [r for r in runs if r.side == n] for n in names}
+    ratios = [b.member_p99_ms / a.member_p99_ms for a, b in zip(per[lo], per[hi], strict=True)]
+
+    def pooled(n: str, q: float) -> float:
+        from bench.util import percentile
+
+        return percentile([x for r in per[n] for x in r.latencies_ms], q)
+
+    return {
+        "retained": list(plan.retained),
+        "prefill_s": fill,
+        "ratio_p99": spread(ratios),
+        "pooled_ratio_p99": pooled(hi, 0.99) / pooled(lo, 0.99),
+        "per_side": {
+            n: {
+                "member_p50_ms": spread([r.member_p50_ms for r in per[n]]),
+                "member_p99_ms": spread([r.member_p99_ms for r in per[n]]),
+                "member_max_ms": spread([r.member_max_ms for r in per[n]]),
+                "pooled_p99_ms": pooled(n, 0.99),
+                "members_per_s": spread([r.members_per_s for r in per[n]]),
+                "cpu_us_per_member": spread([r.cpu_us_per_member for r in per[n]]),
+            }
+            for n in names
+        },
+        "runs": [slim(r) for r in runs],
+        "latencies_ms": {n: [x for r in per[n] for x in r.latencies_ms] for n in names},
+    }
+
+
+def _frame(frame: str) -> str:
+    """``func (.../site-packages/httpx/_client.py:123)`` → ``func (httpx/_client.py)``:
+    one entry per function; the project's own files keep their ``genrm_grpc/`` prefix."""
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")").rsplit(":", 1)[0]
+    if "genrm_grpc/" in where:
+        where = "genrm_grpc/" + where.split("genrm_grpc/", 1)[1]
+    else:
+        for root in ("site-packages/", "python3.11/"):
+            if root in where:
+                where = where.split(root, 1)[1]
+    return f"{name} ({where})" if where else name
+
+
+#: Libraries of the judge HTTP client path (httpx today; aiohttp is counted too).
+_HTTP_CLIENT = ("httpx/", "httpcore/", "anyio/", "h11/", "aiohttp/", "tenacity/")
+
+
+def _category(frames: Sequence[str]) -> str:
+    if any(
+        "(genrm_grpc/judge/client.py" in f or f.partition(" (")[2].startswith(_HTTP_CLIENT)
+        for f in frames
+    ):
+        return "judge HTTP client (genrm_grpc/judge/client.py and its HTTP library)"
+    if any("(genrm_grpc/" in f and "genrm_grpc/cli.py" not in f for f in frames):
+        return "service code (servicer, registry, runtime, scoring, metrics)"
+    return "gRPC core and the event loop only (no project frame on the stack)"
+
+
+def summarise_profile(raw: str, top: int = 15) -> dict[str, Any]:
+    """Self and inclusive sample shares per function from py-spy's collapsed stacks, the
+    top project functions, and the share of samples per category of work."""
+    own: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    cats: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [_frame(f) for f in stack.split(";")]
+        total += n
+        own[frames[-1]] += n
+        cats[_category(frames)] += n
+        for f in set(frames):
+            incl[f] += n
+
+    def share(counts: collections.Counter[str], keep: int = top) -> list[list[Any]]:
+        return [[f, round(100 * k / total, 1)] for f, k in counts.most_common(keep)]
+
+    project = collections.Counter(
+        {f: k for f, k in incl.items() if "(genrm_grpc/" in f and "genrm_grpc/cli.py" not in f}
+    )
+    return {
+        "samples": total,
+        "self": share(own),
+        "inclusive": share(incl),
+        "project": share(project),
+        "categories": share(cats, 10),
+    }
+
+
+def section_profile(
+    plan: MultiPlan, load: LoadGen, judge: Judge, logs: pathlib.Path
+) -> dict[str, Any]:
+    spy = shutil.which("py-spy", path=str(pathlib.Path(sys.executable).parent)) or shutil.which(
+        "py-spy"
+    )
+    if spy is None:
+        return {"error": "py-spy not installed"}
+    service = start_service(
+        "service-profile",
+        judge,
+        logs,
+        concurrency=plan.concurrency,
+        num_rollouts_per_prompt=plan.group_size,
+    )
+    out: dict[str, Any] = {}
+    try:
+        warm(load, service, 1, plan.warmup_groups * 8, plan.single_in_flight)
+        cases = [(api, api, 1, plan.single_in_flight) for api in APIS]
+        cases.append(("judge", "SubmitMember", plan.group_size, plan.in_flight))
+        for label, api, size, in_flight in cases:
+            path = logs / f"profile-{label}.txt"
+            spy_proc = subprocess.Popen(
+                [
+                    spy,
+                    "record",
+                    "--pid",
+                    str(service.pid),
+                    "--duration",
+                    str(math.ceil(plan.profile_s) + 1),
+                    "--rate",
+                    "250",
+                    "--gil",
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "-o",
+                    str(path),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            time.sleep(0.5)
+            cpu0 = service.cpu()
+            res = load.run(
+                target=service.target,
+                api=api,
+                prefix=f"prof-{label}",
+                size=size,
+                in_flight=in_flight,
+                duration_s=plan.profile_s,
+                answer_bytes=plan.answer_bytes,
+            )
+            cpu = service.cpu() - cpu0
+            _, err = spy_proc.communicate(timeout=60)
+            if spy_proc.returncode != 0 or not path.exists():
+                out[label] = {"error": (err or "")[-500:]}
+                continue
+            summary = summarise_profile(path.read_text())
+            summary["cpu_us_per_member"] = (
+                cpu / res["members"] * 1e6 if res["members"] else math.nan
+            )
+            summary.update(api=api, group_size=size, in_flight=in_flight)
+            out[label] = summary
+            print(
+                f"   profile {label}: {summary['samples']} samples; top self: "
+                + ", ".join(f"{f} {p}%" for f, p in summary["self"][:4]),
+                flush=True,
+            )
+    finally:
+        service.stop()
+    return out
+
+
+def run_multi(plan: MultiPlan, out: dict[str, Any], keep_logs: pathlib.Path | None = None) -> None:
+    """Run the multi-process sections of ``plan`` and put their results into ``out``."""
+    logs = keep_logs or pathlib.Path(tempfile.mkdtemp(prefix="genrm-bench-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    judge = Judge("judge-instant", 0.0, logs)
+    load = LoadGen(logs)
+    try:
+        if "throughput" in plan.sections:
+            print(
+                "multi-process: service vs echo-plus-judge baseline (16-member groups)", flush=True
+            )
+            out["throughput"] = section_throughput(plan, load, judge, logs)
+        if "single" in plan.sections:
+            print("multi-process: 1-member groups vs bare echo", flush=True)
+            out["single"] = section_single(plan, load, judge, logs)
+        if "saturation" in plan.sections:
+            print("multi-process: judge saturation", flush=True)
+            out["saturation"] = section_saturation(plan, load, logs)
+        if "retained" in plan.sections:
+            print("multi-process: p99 vs retained cohorts", flush=True)
+            out["retained"] = section_retained(plan, load, judge, logs)
+        if "profile" in plan.sections:
+            print("multi-process: py-spy profiles, 1-member groups", flush=True)
+            out["profile"] = section_profile(plan, load, judge, logs)
+    finally:
+        load.stop()
+        judge.stop()
+        if keep_logs is None:
+            shutil.rmtree(logs, ignore_errors=True)
