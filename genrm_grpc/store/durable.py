@@ -1,9 +1,12 @@
-"""The store interface the runtime writes through, and the ``store`` URL that picks one.
+"""The durable-store interface, and the ``store`` URL that picks a backend.
 
-``memory://`` keeps nothing across a restart (tests, throwaway runs); ``sqlite:///PATH``
-is the default (``sqlite:///genrm-state.sqlite3``: a file in the working directory;
-``sqlite:////var/lib/genrm/state.sqlite3`` for an absolute path, four slashes as in
-SQLAlchemy's URLs). A shared ``redis://`` backend plugs in behind the same interface.
+Work in progress towards state that survives a restart: the server does not write
+through this interface yet (its cohort state is in memory only, see the README); the
+backends are complete and tested on their own. ``memory://`` keeps nothing across a
+restart; ``sqlite:///PATH`` is a file (``sqlite:///genrm-state.sqlite3`` in the working
+directory, ``sqlite:////var/lib/genrm/state.sqlite3`` for an absolute path, four slashes
+as in SQLAlchemy's URLs). A shared ``redis://`` backend is to plug in behind the same
+interface.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ from genrm_grpc.store.records import (
     VerdictRecord,
 )
 from genrm_grpc.store.sqlite import SqliteStore
-
-DEFAULT_STORE_URL = "sqlite:///genrm-state.sqlite3"
 
 
 class DurableStore(Protocol):
