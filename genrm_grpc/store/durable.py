@@ -1,0 +1,106 @@
+"""The durable-store interface, and the ``store`` URL that picks a backend.
+
+Work in progress towards state that survives a restart: the server does not write
+through this interface yet (its cohort state is in memory only, see the README); the
+backends are complete and tested on their own. ``memory://`` keeps nothing across a
+restart; ``sqlite:///PATH`` is a file (``sqlite:///genrm-state.sqlite3`` in the working
+directory, ``sqlite:////var/lib/genrm/state.sqlite3`` for an absolute path, four slashes
+as in SQLAlchemy's URLs). A shared ``redis://`` backend is to plug in behind the same
+interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from genrm_grpc.cohort.journal import VerdictJournal
+from genrm_grpc.store.records import (
+    DropCohort,
+    DropTombstone,
+    Record,
+    Recovered,
+    VerdictRecord,
+)
+from genrm_grpc.store.sqlite import SqliteStore
+
+
+class DurableStore(Protocol):
+    async def open(self, now_wall: float) -> Recovered:
+        """Prepare the store and return what it holds that has not expired."""
+
+    def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        """Write ``records``; the future resolves once they are durable (raises StoreError)."""
+
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        """A journaled verdict on the same question within the group ``scope``, if any."""
+
+    async def close(self) -> None: ...
+
+
+class MemoryDurable:
+    """Nothing is written anywhere: a restart starts from nothing.
+
+    Journaled verdicts are kept in an in-process index, so verdict reuse between
+    attempts of a group works as with a file, for as long as the process lives.
+    """
+
+    def __init__(self) -> None:
+        self.records = 0
+        self._journal = VerdictJournal()
+
+    async def open(self, now_wall: float) -> Recovered:
+        return Recovered()
+
+    def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        self.records += len(records)
+        for record in records:
+            if isinstance(record, VerdictRecord):
+                self._journal.add(record)
+            elif isinstance(record, DropTombstone) or (
+                isinstance(record, DropCohort) and not record.keep_verdicts
+            ):
+                self._journal.drop(record.key)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        return self._journal.reusable(scope, context, first, second, judge_index, swap)
+
+    async def close(self) -> None:
+        return None
+
+
+def validate_store_url(url: str) -> str:
+    """The URL itself when this server can open it; ValueError naming the problem."""
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        if parts.netloc or parts.path not in ("", "/"):
+            raise ValueError(f"store {url!r}: memory:// takes no path")
+        return url
+    if parts.scheme == "sqlite":
+        if parts.netloc:
+            raise ValueError(
+                f"store {url!r}: a sqlite URL has no host; use sqlite:///relative/path "
+                "or sqlite:////absolute/path"
+            )
+        if parts.path in ("", "/"):
+            raise ValueError(f"store {url!r}: the sqlite URL names no file")
+        return url
+    raise ValueError(f"store {url!r}: the scheme must be memory:// or sqlite:///PATH")
+
+
+def store_from_url(url: str, *, synchronous: str = "FULL") -> DurableStore:
+    validate_store_url(url)
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return MemoryDurable()
+    # sqlite:///rel → "/rel" → "rel"; sqlite:////abs → "//abs" → "/abs".
+    return SqliteStore(parts.path[1:], synchronous=synchronous)

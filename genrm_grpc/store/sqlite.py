@@ -1,0 +1,503 @@
+"""The SQLite store: one file, WAL, one writer thread, group commit.
+
+Every ``persist`` call hands a batch of records to the writer thread and returns an
+awaitable that resolves once the batch is committed. The thread takes every batch that
+is waiting when it wakes and commits them in one transaction, so a burst of N
+submissions costs one fsync, not N. The event loop never touches the database: it
+enqueues and awaits.
+
+The schema carries its version in ``PRAGMA user_version``; opening a file written by a
+newer server, or a file that is not a SQLite database, raises
+:class:`StoreSchemaError` (the server refuses to start with one line). Older versions
+are migrated in place, in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from genrm_grpc.cohort.model import CohortKey, Tombstone
+from genrm_grpc.scoring.types import AnswerTexts, Verdict
+from genrm_grpc.store.records import (
+    CohortRecord,
+    DropCohort,
+    DropTombstone,
+    DropWatermark,
+    MemberRecord,
+    Record,
+    Recovered,
+    RecoveredCohort,
+    StoreError,
+    StoreSchemaError,
+    TombstoneRecord,
+    VerdictRecord,
+    WatermarkRecord,
+    decode_coords,
+    decode_key,
+    decode_prompt,
+    encode_coords,
+    encode_key,
+    encode_prompt,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+# Each entry migrates from version N to N + 1 (index N); version 0 is an empty file.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE cohorts (
+            key TEXT PRIMARY KEY,
+            scope TEXT,
+            seq INTEGER NOT NULL,
+            group_size INTEGER NOT NULL,
+            prompt TEXT NOT NULL,
+            prompt_digest TEXT NOT NULL,
+            phase TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            collection_deadline REAL NOT NULL,
+            evaluation_deadline REAL
+        )""",
+        """CREATE TABLE members (
+            key TEXT NOT NULL,
+            slot INTEGER NOT NULL,
+            coords TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            reasoning TEXT NOT NULL,
+            answer TEXT NOT NULL,
+            PRIMARY KEY (key, slot)
+        ) WITHOUT ROWID""",
+        # ``record`` is Tombstone.record(): the same packed bytes the memory store keeps.
+        """CREATE TABLE tombstones (
+            key TEXT PRIMARY KEY,
+            record BLOB NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+        "CREATE INDEX tombstones_by_expiry ON tombstones (expires_at)",
+        """CREATE TABLE watermarks (
+            scope TEXT PRIMARY KEY,
+            attempt INTEGER NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+        "CREATE INDEX watermarks_by_expiry ON watermarks (expires_at)",
+        """CREATE TABLE verdicts (
+            cohort TEXT NOT NULL,
+            response_i INTEGER NOT NULL,
+            response_j INTEGER NOT NULL,
+            judge_index INTEGER NOT NULL,
+            scope TEXT,
+            context BLOB NOT NULL,
+            first BLOB NOT NULL,
+            second BLOB NOT NULL,
+            swap INTEGER NOT NULL,
+            score_1 REAL NOT NULL,
+            score_2 REAL NOT NULL,
+            ranking REAL NOT NULL,
+            parse_failed INTEGER NOT NULL,
+            input_tokens INTEGER,
+            output_tokens INTEGER,
+            reasoning_tokens INTEGER,
+            finished_at REAL NOT NULL,
+            PRIMARY KEY (cohort, response_i, response_j, judge_index)
+        ) WITHOUT ROWID""",
+        # Reuse looks a question up within its group; legacy verdicts have no scope.
+        """CREATE INDEX verdicts_by_question ON verdicts
+            (scope, context, first, second, judge_index, swap) WHERE scope IS NOT NULL""",
+    ),
+)
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+_STOP = object()
+
+
+@dataclass(eq=False)
+class _Batch:
+    records: Sequence[Record]
+    done: Callable[[BaseException | None], None]
+
+
+@dataclass
+class SqliteStats:
+    """Counters for tests, benchmarks and metrics (read from any thread)."""
+
+    commits: int = 0
+    batches: int = 0
+    records: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    commit_seconds: list[float] = field(default_factory=list)
+
+
+class SqliteStore:
+    """Durable records in one SQLite file, written by one thread."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
+        self.path = Path(path)
+        self._synchronous = synchronous
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
+        self.stats = SqliteStats()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def open(self, now_wall: float) -> Recovered:
+        """Open (create, migrate) the file and read back what has not expired."""
+        recovered = await asyncio.to_thread(self._open, now_wall)
+        self._thread = threading.Thread(target=self._run, name="genrm-sqlite-writer", daemon=True)
+        self._thread.start()
+        return recovered
+
+    async def close(self) -> None:
+        """Commit what is queued, then close the file."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._queue.put(_STOP)
+        await asyncio.to_thread(thread.join)
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with self._reader_lock:
+                reader.close()
+
+    # ------------------------------------------------------------------ reading
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        """A journaled verdict on the same question within the group ``scope``, if any."""
+        return await asyncio.to_thread(
+            self._find_verdict, scope, context, first, second, judge_index, swap
+        )
+
+    def _find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        with self._reader_lock:
+            if self._reader is None:
+                raise StoreError(f"the store {self.path} is closed")
+            try:
+                row = self._reader.execute(
+                    f"SELECT cohort, {_VERDICT_COLUMNS} FROM verdicts WHERE scope = ? AND "
+                    "context = ? AND first = ? AND second = ? AND judge_index = ? AND swap = ? "
+                    "LIMIT 1",
+                    (
+                        scope,
+                        bytes.fromhex(context),
+                        bytes.fromhex(first),
+                        bytes.fromhex(second),
+                        judge_index,
+                        swap,
+                    ),
+                ).fetchone()
+            except sqlite3.Error as exc:
+                raise StoreError(f"the store {self.path} could not be read: {exc}") from exc
+        return None if row is None else _verdict(decode_key(row[0]), row[1:])
+
+    # ------------------------------------------------------------------ writing
+    def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        """Queue ``records`` for the next group commit; the future resolves when durable.
+
+        The future fails with :class:`StoreError` when the commit fails (disk full,
+        I/O error); the records of a failed commit are not written.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        if not records:
+            future.set_result(None)
+            return future
+        if self._thread is None:
+            future.set_exception(StoreError(f"the store {self.path} is closed"))
+            return future
+
+        def done(error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_settle, future, error)
+
+        self._queue.put(_Batch(records, done))
+        return future
+
+    # ------------------------------------------------------------------ thread side
+    def _open(self, now_wall: float) -> Recovered:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreSchemaError(f"cannot open the store {self.path}: {exc}") from exc
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreSchemaError(
+                    f"the store {self.path} has schema version {version}, newer than this "
+                    f"server's {SCHEMA_VERSION}: run the newer server, or point `store` "
+                    "at another file"
+                )
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreSchemaError(f"the store {self.path} cannot use WAL mode ({mode})")
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            if version < SCHEMA_VERSION:
+                conn.execute("BEGIN IMMEDIATE")
+                for step in _MIGRATIONS[version:]:
+                    for statement in step:
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            recovered = _load(conn, now_wall)
+            self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._reader.execute("PRAGMA query_only=ON")
+        except StoreSchemaError:
+            conn.close()
+            raise
+        except (sqlite3.Error, ValueError, TypeError, EOFError) as exc:
+            # EOFError, ValueError, TypeError: a record that does not decode.
+            conn.close()
+            raise StoreSchemaError(f"the store {self.path} is unreadable: {exc}") from exc
+        self._conn = conn
+        return recovered
+
+    def _run(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            pending: list[_Batch] = []
+            for item in _drain(first, self._queue):
+                if item is _STOP:
+                    stopping = True
+                elif isinstance(item, _Batch):
+                    pending.append(item)
+            if pending:
+                self._commit(conn, pending)
+        conn.close()
+        self._conn = None
+
+    def _commit(self, conn: sqlite3.Connection, batches: list[_Batch]) -> None:
+        started = time.perf_counter()
+        error = self._transaction(conn, batches)
+        if error is not None and len(batches) > 1:
+            # One bad batch must not fail its neighbours: retry each on its own.
+            for batch in batches:
+                self._finish([batch], self._transaction(conn, [batch]), started)
+            return
+        self._finish(batches, error, started)
+
+    def _transaction(self, conn: sqlite3.Connection, batches: list[_Batch]) -> StoreError | None:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for batch in batches:
+                    for record in batch.records:
+                        _apply(conn, record)
+                conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+        except Exception as exc:  # the writer thread must outlive any one commit
+            log.error("store commit failed: %s", exc)
+            self.stats.failures += 1
+            self.stats.last_error = str(exc)
+            return StoreError(f"the store {self.path} could not commit: {exc}")
+        return None
+
+    def _finish(self, batches: list[_Batch], error: StoreError | None, started: float) -> None:
+        if error is None:
+            self.stats.commits += 1
+            self.stats.batches += len(batches)
+            self.stats.records += sum(len(b.records) for b in batches)
+            samples = self.stats.commit_seconds
+            if len(samples) >= 4096:
+                del samples[:2048]
+            samples.append(time.perf_counter() - started)
+        for batch in batches:
+            batch.done(error)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():  # the caller went away
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _drain(first: object, q: queue.SimpleQueue[object]) -> list[object]:
+    items = [first]
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
+
+
+def _apply(conn: sqlite3.Connection, record: Record) -> None:
+    if isinstance(record, MemberRecord):
+        conn.execute(
+            "INSERT OR REPLACE INTO members VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                encode_key(record.key),
+                record.coords.rollout_index,
+                encode_coords(record.coords),
+                record.digest,
+                record.texts.reasoning,
+                record.texts.answer,
+            ),
+        )
+    elif isinstance(record, VerdictRecord):
+        v, usage = record.verdict, record.usage or (None, None, None)
+        conn.execute(
+            "INSERT OR REPLACE INTO verdicts VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                encode_key(record.cohort),
+                record.response_i,
+                record.response_j,
+                record.judge_index,
+                record.scope,
+                bytes.fromhex(record.context),
+                bytes.fromhex(record.first),
+                bytes.fromhex(record.second),
+                record.swap,
+                v.score_1,
+                v.score_2,
+                v.ranking,
+                v.parse_failed,
+                *usage,
+                record.finished_at,
+            ),
+        )
+    elif isinstance(record, CohortRecord):
+        conn.execute(
+            "INSERT OR REPLACE INTO cohorts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                encode_key(record.key),
+                record.key.group_id,
+                record.seq,
+                record.group_size,
+                encode_prompt(record.prompt),
+                record.prompt_digest,
+                record.phase,
+                record.created_at,
+                record.collection_deadline,
+                record.evaluation_deadline,
+            ),
+        )
+    elif isinstance(record, DropCohort):
+        key = encode_key(record.key)
+        conn.execute("DELETE FROM cohorts WHERE key = ?", (key,))
+        conn.execute("DELETE FROM members WHERE key = ?", (key,))
+        if not record.keep_verdicts:
+            conn.execute("DELETE FROM verdicts WHERE cohort = ?", (key,))
+    elif isinstance(record, TombstoneRecord):
+        tomb = record.tombstone
+        conn.execute(
+            "INSERT OR REPLACE INTO tombstones VALUES (?, ?, ?)",
+            (encode_key(tomb.key), tomb.record(), record.expires_at),
+        )
+    elif isinstance(record, DropTombstone):
+        key = encode_key(record.key)
+        conn.execute("DELETE FROM tombstones WHERE key = ?", (key,))
+        conn.execute("DELETE FROM verdicts WHERE cohort = ?", (key,))
+    elif isinstance(record, WatermarkRecord):
+        conn.execute(
+            "INSERT INTO watermarks VALUES (?, ?, ?) ON CONFLICT (scope) DO UPDATE SET "
+            "attempt = max(attempt, excluded.attempt), expires_at = excluded.expires_at",
+            (record.scope, record.attempt, record.expires_at),
+        )
+    elif isinstance(record, DropWatermark):
+        conn.execute("DELETE FROM watermarks WHERE scope = ?", (record.scope,))
+    else:  # pragma: no cover - the Record union is closed
+        raise TypeError(f"not a store record: {record!r}")
+
+
+_VERDICT_COLUMNS = (
+    "scope, context, first, second, judge_index, swap, response_i, response_j, score_1, "
+    "score_2, ranking, parse_failed, input_tokens, output_tokens, reasoning_tokens, finished_at"
+)
+
+
+def _verdict(cohort: CohortKey, row: Sequence[Any]) -> VerdictRecord:
+    (scope, context, first, second, k, swap, i, j, s1, s2, rank, failed, *usage, finished) = row
+    return VerdictRecord(
+        cohort=cohort,
+        scope=scope,
+        context=context.hex(),
+        first=first.hex(),
+        second=second.hex(),
+        judge_index=k,
+        swap=bool(swap),
+        response_i=i,
+        response_j=j,
+        verdict=Verdict(s1, s2, rank, bool(failed)),
+        usage=None if usage[0] is None else (usage[0], usage[1], usage[2]),
+        finished_at=finished,
+    )
+
+
+def _load(conn: sqlite3.Connection, now_wall: float) -> Recovered:
+    members: dict[str, list[MemberRecord]] = {}
+    for key, _slot, coords, digest, reasoning, answer in conn.execute(
+        "SELECT key, slot, coords, digest, reasoning, answer FROM members ORDER BY key, slot"
+    ):
+        members.setdefault(key, []).append(
+            MemberRecord(
+                decode_key(key), decode_coords(coords), digest, AnswerTexts(reasoning, answer)
+            )
+        )
+    cohorts = tuple(
+        RecoveredCohort(
+            CohortRecord(
+                key=decode_key(key),
+                seq=seq,
+                group_size=size,
+                prompt=decode_prompt(prompt),
+                prompt_digest=digest,
+                phase=phase,
+                created_at=created,
+                collection_deadline=collection,
+                evaluation_deadline=evaluation,
+            ),
+            tuple(members.get(key, ())),
+        )
+        for key, seq, size, prompt, digest, phase, created, collection, evaluation in conn.execute(
+            "SELECT key, seq, group_size, prompt, prompt_digest, phase, created_at, "
+            "collection_deadline, evaluation_deadline FROM cohorts ORDER BY seq"
+        )
+    )
+    tombstones = tuple(
+        TombstoneRecord(Tombstone.from_record(blob), expires)
+        for blob, expires in conn.execute(
+            "SELECT record, expires_at FROM tombstones WHERE expires_at > ? ORDER BY expires_at",
+            (now_wall,),
+        )
+    )
+    watermarks = tuple(
+        WatermarkRecord(scope, attempt, expires)
+        for scope, attempt, expires in conn.execute(
+            "SELECT scope, attempt, expires_at FROM watermarks ORDER BY expires_at"
+        )
+    )
+    # Verdicts of active cohorts only: they are what a resumed evaluation skips. Those
+    # of terminal cohorts stay on disk for reuse lookups (find_verdict).
+    keys: dict[str, CohortKey] = {}
+    verdicts = tuple(
+        _verdict(keys.get(row[0]) or keys.setdefault(row[0], decode_key(row[0])), row[1:])
+        for row in conn.execute(
+            f"SELECT cohort, {_VERDICT_COLUMNS} FROM verdicts "
+            "WHERE cohort IN (SELECT key FROM cohorts)"
+        )
+    )
+    return Recovered(cohorts, tombstones, watermarks, verdicts)
