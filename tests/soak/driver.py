@@ -1022,8 +1022,16 @@ def _check_rewards(g: Group, results: list[tuple[Sub, pb.MemberResult]], scoring
             g.violation(f"group metric {name}: {metrics.get(name)} != aggregate {value}")
 
 
-def check_judge_counts(g: Group, pairs: dict[str, int], retries: int) -> int:
-    """Per-pair judge requests of this group; returns the number of logical comparisons."""
+def check_judge_counts(
+    g: Group, pairs: dict[str, int], retries: int, outage_tolerance: bool = False
+) -> int:
+    """Per-pair judge requests of this group; returns the number of logical comparisons.
+
+    With ``outage_tolerance`` (``judge_outage_tolerance_s`` > 0) outage-class failures
+    (503, resets, truncated bodies, timeouts) do not spend ``genrm_parse_retries``, so a
+    faulted pair may cost more than ``retries + 1`` requests: only the lower bound holds.
+    """
+    most = math.inf if outage_tolerance else retries + 1
     comparisons = 0
     for attempt, present in g.present.items():
         full = attempt == g.main_attempt and g.complete
@@ -1047,12 +1055,10 @@ def check_judge_counts(g: Group, pairs: dict[str, int], retries: int) -> int:
             # no process; whether a pair was judged is checked by its verdict instead.
             continue
         elif g.masked:
-            if any(c > retries + 1 for c in counts) or not any(counts):
+            if any(c > most for c in counts) or not any(counts):
                 g.violation(f"masked group judge requests per pair {counts}")
-        elif any(not 1 <= c <= retries + 1 for c in counts):
-            g.violation(
-                f"rewarded group judge requests per pair {counts} not in [1, {retries + 1}]"
-            )
+        elif any(not 1 <= c <= most for c in counts):
+            g.violation(f"rewarded group judge requests per pair {counts} not in [1, {most}]")
     return comparisons
 
 
@@ -1340,7 +1346,9 @@ async def _run(
             played = [x for g in wave for x in (g, *g.twins)]
             for g in played:
                 check_group(g, scoring, cfg.parse_retries, tolerant)
-                comparisons += check_judge_counts(g, pairs, cfg.parse_retries)
+                comparisons += check_judge_counts(
+                    g, pairs, cfg.parse_retries, cfg.judge_outage_tolerance_s > 0
+                )
                 for attempt, present in g.present.items():
                     wave_keys.update(g.pair_keys(attempt, present))
                 for s in g.subs:

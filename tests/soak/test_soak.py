@@ -52,13 +52,16 @@ async def test_judge_restart_masks_nothing_within_judge_outage_tolerance() -> No
         concurrency=25,
         collection_timeout_s=6.0,
         max_terminal_cohorts=32,
-        wave_kinds="restart,clean",
+        wave_kinds="restart,faulty",
         judge_outage_tolerance_s=10.0,
     )
     report = await run_soak(cfg)
     # A masked group of the restart wave is a driver violation when the tolerance covers
-    # the outage; here it is also asserted directly.
+    # the outage; here it is also asserted directly. The faulty wave checks the accounting
+    # under the tolerance (a pair may then cost more than genrm_parse_retries + 1
+    # requests); 429s, non-JSON bodies and budget exhaustion may still mask there.
     assert report.failures() == [], report.summary()
     assert report.judge_restarts == 1
-    assert report.masked_groups == 0, report.summary()
+    assert report.masked_by_kind.get("restart", 0) == 0, report.summary()
     assert report.rewarded_by_kind.get("restart", 0) > 0, report.summary()
+    assert report.rewarded_by_kind.get("faulty", 0) > 0, report.summary()
