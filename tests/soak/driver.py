@@ -5,14 +5,18 @@ Run ``make soak`` (2,000 groups × 16 members) or ``python -m tests.soak.driver 
 what is checked and records the numbers of a full run.
 
 The server runs in this process (so ``runtime.stats()``, the tombstone store and RSS can
-be inspected); the fake judge runs in a subprocess. Groups run in *waves*: even waves
-against a fault-free judge (where every judge call is counted exactly), odd waves
-against a judge injecting 503s, 429s with ``Retry-After: 0``, truncated bodies, invalid
-JSON, connection resets, malformed verdicts, budget exhaustion and hangs past
-``judge_request_timeout_s``. Every group plays one scenario (normal, duplicates,
-cancel-then-resubmit, slot conflicts, supersession, members that never arrive) over
-unary calls, one stream, or both; every submission records the one terminal outcome it
-got and is checked against the class its scenario implies.
+be inspected); the fake judge runs in a subprocess. Groups run in *waves*, each of one
+kind in turn: a fault-free judge (where every judge call is counted exactly); a judge
+injecting 503s, 429s with ``Retry-After: 0``, truncated bodies, invalid JSON, connection
+resets, malformed verdicts, budget exhaustion and hangs past ``judge_request_timeout_s``;
+a judge answering only adversarial texts (every pair falls back to the default
+verdict); and a judge killed and restarted on the same port mid-wave. Every group plays
+one scenario (normal, duplicates, cancel-then-resubmit, slot conflicts, supersession,
+members that never arrive, oversized declared groups, two principals on one group id,
+a stream that is not read) over unary calls, one stream, or both; every submission
+records the one terminal outcome it got and is checked against the class its scenario
+implies. ``--compare-tolerance S`` runs the same seeded soak with
+``judge_outage_tolerance_s`` 0 and S and reports the masked share of each.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ import gc
 import json
 import logging
 import math
+import pathlib
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -49,8 +55,24 @@ from .judge import JudgeProcess
 
 DOMAIN = "cohort.genrm.v1"
 MARKER = "soak-answer"
-SCENARIOS = ("normal", "duplicates", "cancel", "conflict", "supersede", "never")
-SCENARIO_WEIGHTS = (30, 20, 15, 13, 12, 10)
+SCENARIOS = (
+    "normal",
+    "duplicates",
+    "cancel",
+    "conflict",
+    "supersede",
+    "never",
+    "oversized",
+    "principals",
+    "unread",
+)
+SCENARIO_WEIGHTS = (30, 20, 15, 13, 12, 10, 4, 6, 3)
+#: What the judge does during a wave, in turn: fault-free, the random fault mix, only
+#: adversarial answers, and a crash + restart of the judge process mid-wave.
+WAVE_KINDS = ("clean", "faulty", "adversarial", "restart")
+#: Principals of the soak's bearer tokens (``auth.tokens_file``); groups play as "a",
+#: the second player of a ``principals`` group as "b".
+TOKENS = {"a": "soak-token-a", "b": "soak-token-b"}
 TRANSPORTS = ("unary", "stream", "mixed")
 TOPICS = (
     "unit testing",
@@ -118,6 +140,47 @@ class SoakConfig:
     max_terminal_cohorts: int = 256
     group_timeout_s: float = 120.0
     rss_tolerance: float = 0.10
+    #: The server's ``judge_outage_tolerance_s`` (0: off, NeMo Gym's behaviour).
+    judge_outage_tolerance_s: float = 0.0
+    #: How long the judge stays down in a restart wave.
+    restart_down_s: float = 1.5
+    #: The server's ``stream_max_buffered_events``: small, so that an ``unread`` stream
+    #: stops the server reading it.
+    stream_max_buffered_events: int = 4
+    #: Late copies an ``unread`` client writes after its group completed (each ~0.7 KB,
+    #: more than an HTTP/2 flow-control window when they cannot be read).
+    unread_late_copies: int = 160
+    #: Length of the judge's adversarial answers. The verdict parser costs ~2.5 µs per
+    #: character on the brace kinds (in a worker thread, holding the GIL), so 64 KiB
+    #: answers in every request starve the shared event loop of this 2-core soak (see
+    #: docs/soak.md); here they must be accounted for, not timed.
+    adversarial_chars: int = 1024
+    #: The judge's behaviour per wave, in turn (comma-separated WAVE_KINDS).
+    wave_kinds: str = ",".join(WAVE_KINDS)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.kinds()) - set(WAVE_KINDS)
+        if unknown or not self.kinds():
+            raise ValueError(f"wave_kinds must name some of {WAVE_KINDS}, got {self.wave_kinds!r}")
+
+    def kinds(self) -> list[str]:
+        return [k.strip() for k in self.wave_kinds.split(",") if k.strip()]
+
+
+def faults_for(kind: str, cfg: SoakConfig) -> dict[str, Any]:
+    """The judge's faults during a wave of ``kind``."""
+    if kind == "faulty":
+        return FAULTS_ON
+    if kind == "adversarial":
+        # Every request of every pair gets an answer without a verdict, built to slow a
+        # parser down: each comparison spends its retries, then falls back to the
+        # default verdict (unmasked, parse_failed).
+        return {
+            **FAULTS_OFF,
+            "adversarial_first_n": cfg.parse_retries + 1,
+            "adversarial_chars": cfg.adversarial_chars,
+        }
+    return {**FAULTS_OFF, "adversarial_first_n": 0}
 
 
 # ----------------------------------------------------------------------------- outcomes
@@ -247,11 +310,16 @@ class Sub:
     answer: Answer
     expect: Expect
     outcome: Observed | None = None
+    #: The group_size this submission declares (the group's own unless set).
+    declared: int | None = None
 
     def request(self) -> pb.SubmitMemberRequest:
         g = self.group
         ref = pb.MemberRef(
-            group_id=g.gid, group_attempt=self.attempt, rollout_index=self.index, group_size=g.size
+            group_id=g.gid,
+            group_attempt=self.attempt,
+            rollout_index=self.index,
+            group_size=self.declared or g.size,
         )
         return pb.SubmitMemberRequest(member=ref, prompt=g.prompt, candidate=self.answer.candidate)
 
@@ -275,7 +343,7 @@ class Group:
     gid: str
     scenario: str
     transport: str
-    faulty: bool
+    kind: str
     size: int
     prompt: pb.Prompt
     last_user: str
@@ -290,11 +358,19 @@ class Group:
     masked: bool | None = None
     #: The client worker (one connection each) playing this group.
     worker: int = 0
+    #: Who plays this group (a key of TOKENS).
+    principal: str = "a"
+    #: Groups played alongside under the same group id by another principal.
+    twins: list[Group] = field(default_factory=list)
+
+    @property
+    def faulty(self) -> bool:
+        return self.kind != "clean"
 
     def violation(self, text: str) -> None:
         self.violations.append(
-            f"group {self.gid} [{self.scenario}/{self.transport}"
-            f"{'/faulty' if self.faulty else ''}]: {text}"
+            f"group {self.gid} as {self.principal} [{self.scenario}/{self.transport}/"
+            f"{self.kind}]: {text}"
         )
 
     def answer(self, attempt: int, index: int, variant: str = "") -> Answer:
@@ -305,11 +381,19 @@ class Group:
         topic_words = self.last_user.lower().rstrip(".").split()
         words = rng.sample(topic_words, rng.randint(0, len(topic_words)))
         words += rng.choices(FILLER, k=rng.randint(0, 70))
-        text = f"{MARKER} {self.gid} a{attempt} r{index}{variant}: " + " ".join(words)
+        text = f"{MARKER} {self.gid}@{self.principal} a{attempt} r{index}{variant}: " + " ".join(
+            words
+        )
         reasoning = f"reasoning for r{index}: " + " ".join(
             rng.choices(FILLER, k=rng.randint(0, 12))
         )
-        if not variant and attempt == self.main_attempt and index == 3 and self.number % 9 == 0:
+        if (
+            not variant
+            and attempt == self.main_attempt
+            and index == 3
+            and self.number % 9 == 0
+            and self.principal == "a"
+        ):
             text, reasoning = "", ""  # an empty answer: the judge sees the literal "None"
         if rng.random() < 0.25:
             obj = {
@@ -331,8 +415,16 @@ class Group:
             self.answers[key] = answer
         return answer
 
-    def sub(self, attempt: int, index: int, expect: Expect, *, variant: str = "") -> Sub:
-        s = Sub(self, attempt, index, self.answer(attempt, index, variant), expect)
+    def sub(
+        self,
+        attempt: int,
+        index: int,
+        expect: Expect,
+        *,
+        variant: str = "",
+        declared: int | None = None,
+    ) -> Sub:
+        s = Sub(self, attempt, index, self.answer(attempt, index, variant), expect, None, declared)
         self.subs.append(s)
         return s
 
@@ -355,12 +447,23 @@ class Group:
 class Stream:
     """One StreamGroups call whose requests are fed on demand; events matched to Subs."""
 
-    def __init__(self, clients: Clients, stub: pb_grpc.CohortServiceStub, timeout: float) -> None:
+    def __init__(
+        self,
+        clients: Clients,
+        stub: pb_grpc.CohortServiceStub,
+        timeout: float,
+        metadata: tuple[tuple[str, str], ...],
+        *,
+        read: bool = True,
+    ) -> None:
         self._clients = clients
         self._stub = stub
         self._timeout = timeout
+        self._metadata = metadata
         self._queue: asyncio.Queue[pb.StreamGroupsRequest | None] = asyncio.Queue()
-        self._call = stub.StreamGroups(self._requests(self._queue), timeout=timeout)
+        self._call = stub.StreamGroups(
+            self._requests(self._queue), timeout=timeout, metadata=metadata
+        )
         self._cond = asyncio.Condition()
         self._cancelled = False
         self._closed = False
@@ -372,10 +475,15 @@ class Stream:
         self.end: grpc.StatusCode | None = None
         self.end_details = ""
         self.done = False
+        self._go = asyncio.Event()
+        if read:
+            self._go.set()
         self._reader = asyncio.create_task(self._read())
 
-    @staticmethod
-    async def _requests(queue: asyncio.Queue[pb.StreamGroupsRequest | None]) -> Any:
+    def start_reading(self) -> None:
+        self._go.set()
+
+    async def _requests(self, queue: asyncio.Queue[pb.StreamGroupsRequest | None]) -> Any:
         while True:
             item = await queue.get()
             if item is None:
@@ -389,7 +497,9 @@ class Stream:
             self._queue.put_nowait(pb.StreamGroupsRequest(member=sub.request()))
         if self._closed:
             self._queue.put_nowait(None)
-        self._call = self._stub.StreamGroups(self._requests(self._queue), timeout=self._timeout)
+        self._call = self._stub.StreamGroups(
+            self._requests(self._queue), timeout=self._timeout, metadata=self._metadata
+        )
 
     def send(self, *subs: Sub) -> None:
         for sub in subs:
@@ -397,6 +507,7 @@ class Stream:
             self._queue.put_nowait(pb.StreamGroupsRequest(member=sub.request()))
 
     async def _read(self) -> None:
+        await self._go.wait()
         try:
             while True:
                 try:
@@ -446,6 +557,7 @@ class Stream:
 
     async def cancel(self) -> None:
         self._cancelled = True
+        self._go.set()
         self._call.cancel()
         await self._reader
         self._assign(cancelled=True)
@@ -453,6 +565,7 @@ class Stream:
     async def finish(self, group: Group) -> None:
         self._closed = True
         self._queue.put_nowait(None)
+        self._go.set()
         await self._reader
         if self.end != grpc.StatusCode.OK:
             group.violation(f"stream ended with {self.end} {self.end_details!r}, not OK")
@@ -497,9 +610,14 @@ class Clients:
     #: protocol says: resend the identical call).
     transport_retries: int = 0
     max_transport_retries: int = 5
+    unread_late_copies: int = 160
 
     def stub(self, group: Group) -> pb_grpc.CohortServiceStub:
         return self.stubs[group.worker]
+
+    @staticmethod
+    def metadata(group: Group) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {TOKENS[group.principal]}"),)
 
     def transport_failure(self, exc: grpc.RpcError) -> bool:
         """UNAVAILABLE without ErrorInfo: count it and say whether to resend."""
@@ -512,7 +630,11 @@ class Clients:
         stub = self.stub(sub.group)
         for attempt in range(self.max_transport_retries + 1):
             try:
-                response = await stub.SubmitMember(sub.request(), timeout=timeout or self.timeout)
+                response = await stub.SubmitMember(
+                    sub.request(),
+                    timeout=timeout or self.timeout,
+                    metadata=self.metadata(sub.group),
+                )
             except grpc.RpcError as exc:
                 if attempt < self.max_transport_retries and self.transport_failure(exc):
                     continue
@@ -527,7 +649,9 @@ class Clients:
         )
         for tries in range(self.max_transport_retries + 1):
             try:
-                response = await self.stub(group).GetCohort(request, timeout=self.timeout)
+                response = await self.stub(group).GetCohort(
+                    request, timeout=self.timeout, metadata=self.metadata(group)
+                )
             except grpc.RpcError as exc:
                 if tries < self.max_transport_retries and self.transport_failure(exc):
                     continue
@@ -538,7 +662,9 @@ class Clients:
 
     async def unary_cancelled(self, sub: Sub) -> None:
         """Start a call and cancel it at once: the server may or may not have seen it."""
-        call = self.stub(sub.group).SubmitMember(sub.request(), timeout=self.timeout)
+        call = self.stub(sub.group).SubmitMember(
+            sub.request(), timeout=self.timeout, metadata=self.metadata(sub.group)
+        )
         call.cancel()
         try:
             response = await call
@@ -552,8 +678,8 @@ class Clients:
         else:
             sub.observe(("result", response.result))
 
-    def stream(self, group: Group) -> Stream:
-        return Stream(self, self.stub(group), self.timeout)
+    def stream(self, group: Group, *, read: bool = True) -> Stream:
+        return Stream(self, self.stub(group), self.timeout, self.metadata(group), read=read)
 
     async def submit(self, group: Group, subs: Sequence[Sub]) -> None:
         """All ``subs`` over the group's transport; returns when each has its outcome."""
@@ -573,6 +699,17 @@ class Clients:
 
 
 async def play(clients: Clients, g: Group) -> None:
+    if g.scenario == "oversized":
+        await _oversized(clients, g)
+    elif g.scenario == "principals":
+        await _principals(clients, g)
+    elif g.scenario == "unread":
+        await _unread(clients, g)
+    else:
+        await _play_basic(clients, g)
+
+
+async def _play_basic(clients: Clients, g: Group) -> None:
     n, rng = g.size, g.rng
     if g.scenario == "normal":
         await clients.submit(g, [g.sub(0, k, RESULT) for k in range(n)])
@@ -612,6 +749,117 @@ async def play(clients: Clients, g: Group) -> None:
         )
     else:
         raise ValueError(g.scenario)
+
+
+def oversized_size(size: int) -> int:
+    """A group_size needing more judge passes than the soak's max_judge_passes_per_cohort."""
+    return max_passes(size) + 1
+
+
+def max_passes(size: int) -> int:
+    """The soak server's ``max_judge_passes_per_cohort``: circular pairs of 4 groups."""
+    return 4 * size
+
+
+async def cohort_not_found(clients: Clients, g: Group, what: str) -> None:
+    """GetCohort of ``g``'s id as ``g``'s principal must answer NOT_FOUND/COHORT_NOT_FOUND."""
+    try:
+        info = await clients.get_cohort(g, 0)
+    except grpc.RpcError as exc:
+        err = call_error(exc)
+        if (err.code, err.reason, err.error_infos) != (
+            grpc.StatusCode.NOT_FOUND,
+            "COHORT_NOT_FOUND",
+            1,
+        ):
+            g.violation(f"GetCohort {what}: {describe(('error', err))}, not COHORT_NOT_FOUND")
+        return
+    g.violation(
+        f"GetCohort {what} found a cohort: phase {info.phase}, present {list(info.present_indices)}"
+    )
+
+
+async def cohort_info(
+    clients: Clients, g: Group, attempt: int, until: Callable[[pb.CohortInfo], bool]
+) -> pb.CohortInfo:
+    """Poll GetCohort until ``until`` holds (the worker's group deadline bounds it)."""
+    while True:
+        try:
+            info = await clients.get_cohort(g, attempt)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+        else:
+            if until(info):
+                return info
+        await asyncio.sleep(0.02)
+
+
+async def _oversized(clients: Clients, g: Group) -> None:
+    """Every member first declares a group too large for max_judge_passes_per_cohort:
+    INVALID_ARGUMENT at once, nothing held; then the group is sent as it should be."""
+    n = g.size
+    big = oversized_size(n)
+    refused = Expect(
+        "error",
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_MEMBER",
+        contains=f"group_size {big} needs",
+    )
+    # A member the server held instead of refusing would wait for a group that can never
+    # fill and end ABORTED at the collection deadline: a violation.
+    await clients.submit(g, [g.sub(0, k, refused, declared=big) for k in range(n)])
+    await cohort_not_found(clients, g, "after oversized members")
+    await clients.submit(g, [g.sub(0, k, RESULT) for k in range(n)])
+    g.present[0] = set(range(n))
+
+
+async def _principals(clients: Clients, g: Group) -> None:
+    """Principals a and b play the same group id with different answers, at once."""
+    n = g.size
+    twin = Group(
+        number=g.number,
+        gid=g.gid,
+        scenario=g.scenario,
+        transport=g.rng.choice(TRANSPORTS),
+        kind=g.kind,
+        size=n,
+        prompt=g.prompt,
+        last_user=g.last_user,
+        rng=random.Random(g.rng.getrandbits(64)),
+        worker=g.worker,
+        principal="b",
+    )
+    g.twins.append(twin)
+    first = asyncio.create_task(clients.submit(g, [g.sub(0, k, RESULT) for k in range(n - 1)]))
+    try:
+        await cohort_info(clients, g, 0, lambda i: len(i.present_indices) == n - 1)
+        # a's cohort holds n - 1 members; b sees nothing under the same group id.
+        await cohort_not_found(clients, twin, "of a's collecting group, as b")
+        await asyncio.gather(
+            clients.submit(twin, [twin.sub(0, k, RESULT) for k in range(n)]),
+            clients.unary(g.sub(0, n - 1, RESULT)),
+        )
+    finally:
+        await first
+    g.present[0] = set(range(n))
+    twin.present[0] = set(range(n))
+
+
+async def _unread(clients: Clients, g: Group) -> None:
+    """A stream client that writes its group and does not read until GetCohort shows the
+    group completed; then it writes ``unread_late_copies`` copies (replays, answered at
+    once: far more events than ``stream_max_buffered_events``) and reads. Every request
+    must get exactly one outcome and the stream must end OK."""
+    n, rng = g.size, g.rng
+    stream = clients.stream(g, read=False)
+    stream.send(*(g.sub(0, k, RESULT) for k in range(n)))
+    g.present[0] = set(range(n))
+    await cohort_info(clients, g, 0, lambda i: i.phase == pb.COHORT_PHASE_COMPLETED)
+    late = [g.sub(0, rng.randrange(n), REPLAY) for _ in range(clients.unread_late_copies)]
+    stream.send(*late)
+    stream.start_reading()
+    await stream.finish(g)
 
 
 async def _cancel_then_resubmit(clients: Clients, g: Group) -> None:
@@ -679,7 +927,7 @@ async def _supersede(clients: Clients, g: Group) -> None:
 # ----------------------------------------------------------------------------- checks
 
 
-def check_group(g: Group, scoring: Any, retries: int) -> None:
+def check_group(g: Group, scoring: Any, retries: int, tolerant: bool = False) -> None:
     for s in g.subs:
         if s.outcome is None:
             g.violation(f"slot {s.index} attempt {s.attempt}: lost (no terminal outcome)")
@@ -707,8 +955,13 @@ def check_group(g: Group, scoring: Any, retries: int) -> None:
         g.violation("masked and rewarded results in one group")
         return
     g.masked = masks.pop()
-    if g.masked and not g.faulty:
-        g.violation(f"masked without judge faults: {results[0][1].failure_reason[:200]!r}")
+    if g.masked and g.kind not in ("faulty", "restart"):
+        g.violation(f"masked in a {g.kind} wave: {results[0][1].failure_reason[:200]!r}")
+    if g.masked and g.kind == "restart" and tolerant:
+        g.violation(
+            "masked by a judge restart shorter than judge_outage_tolerance_s: "
+            f"{results[0][1].failure_reason[:200]!r}"
+        )
     for s, r in results:
         if (r.member.group_id, r.member.group_attempt, r.member.rollout_index) != s.key:
             g.violation(f"result for {s.key} names {r.member}")
@@ -750,8 +1003,10 @@ def _check_rewards(g: Group, results: list[tuple[Sub, pb.MemberResult]], scoring
         v = verdicts[key]
         _, i, j = key
         if v.parse_failed:
-            if not g.faulty:
-                g.violation(f"pair {key}: parse failure without judge faults")
+            if g.kind not in ("faulty", "adversarial"):
+                g.violation(f"pair {key}: parse failure in a {g.kind} wave")
+        elif g.kind == "adversarial":
+            g.violation(f"pair {key}: a verdict {v} although every judge answer was adversarial")
         else:
             want = fake_verdict(g.last_user, g.judge_text(a, i), g.judge_text(a, j))
             if (v.score_1, v.score_2, v.ranking) != want:
@@ -767,8 +1022,16 @@ def _check_rewards(g: Group, results: list[tuple[Sub, pb.MemberResult]], scoring
             g.violation(f"group metric {name}: {metrics.get(name)} != aggregate {value}")
 
 
-def check_judge_counts(g: Group, pairs: dict[str, int], retries: int) -> int:
-    """Per-pair judge requests of this group; returns the number of logical comparisons."""
+def check_judge_counts(
+    g: Group, pairs: dict[str, int], retries: int, outage_tolerance: bool = False
+) -> int:
+    """Per-pair judge requests of this group; returns the number of logical comparisons.
+
+    With ``outage_tolerance`` (``judge_outage_tolerance_s`` > 0) outage-class failures
+    (503, resets, truncated bodies, timeouts) do not spend ``genrm_parse_retries``, so a
+    faulted pair may cost more than ``retries + 1`` requests: only the lower bound holds.
+    """
+    most = math.inf if outage_tolerance else retries + 1
     comparisons = 0
     for attempt, present in g.present.items():
         full = attempt == g.main_attempt and g.complete
@@ -779,16 +1042,23 @@ def check_judge_counts(g: Group, pairs: dict[str, int], retries: int) -> int:
                 g.violation(f"attempt {attempt} was never full but its pairs were judged {counts}")
             continue
         comparisons += len(keys)
-        if not g.faulty:
+        if g.kind == "clean":
             if counts != [1] * len(keys):
                 g.violation(f"fault-free judge requests per pair {counts}, expected exactly 1")
+        elif g.kind == "adversarial":
+            if counts != [retries + 1] * len(keys):
+                g.violation(
+                    f"adversarial judge requests per pair {counts}, expected {retries + 1} each"
+                )
+        elif g.kind == "restart":
+            # Requests answered between the last /stats read and the crash are counted by
+            # no process; whether a pair was judged is checked by its verdict instead.
+            continue
         elif g.masked:
-            if any(c > retries + 1 for c in counts) or not any(counts):
+            if any(c > most for c in counts) or not any(counts):
                 g.violation(f"masked group judge requests per pair {counts}")
-        elif any(not 1 <= c <= retries + 1 for c in counts):
-            g.violation(
-                f"rewarded group judge requests per pair {counts} not in [1, {retries + 1}]"
-            )
+        elif any(not 1 <= c <= most for c in counts):
+            g.violation(f"rewarded group judge requests per pair {counts} not in [1, {most}]")
     return comparisons
 
 
@@ -847,6 +1117,16 @@ class SoakReport:
     masked_groups: int = 0
     failed_groups: int = 0
     faulty_groups: int = 0
+    #: Groups per wave kind, and the masked and rewarded ones among them.
+    wave_kinds: dict[str, int] = field(default_factory=dict)
+    masked_by_kind: dict[str, int] = field(default_factory=dict)
+    rewarded_by_kind: dict[str, int] = field(default_factory=dict)
+    #: Masked groups / judged (masked + rewarded) groups, principal b's included.
+    masked_share: float = 0.0
+    #: Groups principal b played under principal a's group ids.
+    twin_groups: int = 0
+    unread_groups: int = 0
+    judge_restarts: int = 0
     judge_comparisons: int = 0
     judge_requests: int = 0
     judge_outcomes: dict[str, int] = field(default_factory=dict)
@@ -895,6 +1175,12 @@ class SoakReport:
             f"  outcomes {self.outcomes}",
             f"  groups: rewarded {self.rewarded_groups}, masked {self.masked_groups}, "
             f"failed/aborted {self.failed_groups}; judge-faulted {self.faulty_groups}",
+            f"  judge_outage_tolerance_s={self.config['judge_outage_tolerance_s']:g}: "
+            f"masked share {self.masked_share:.2%}; masked by wave kind {self.masked_by_kind}, "
+            f"rewarded {self.rewarded_by_kind} (groups {self.wave_kinds}, "
+            f"{self.judge_restarts} judge restarts)",
+            f"  hostile: {self.twin_groups} group ids played by two principals, "
+            f"{self.unread_groups} streams not read until their group completed",
             f"  judge: {self.judge_comparisons} comparisons, {self.judge_requests} HTTP requests "
             f"({self.straggler_requests} late from cancelled calls), "
             f"outcomes {self.judge_outcomes}",
@@ -914,6 +1200,7 @@ class SoakReport:
 
 def make_groups(cfg: SoakConfig) -> list[Group]:
     master = random.Random(cfg.seed)
+    kinds = cfg.kinds()
     groups = []
     for number in range(cfg.groups):
         rng = random.Random(master.getrandbits(64))
@@ -931,7 +1218,7 @@ def make_groups(cfg: SoakConfig) -> list[Group]:
                 gid=f"soak/{cfg.seed}/{number}",
                 scenario=rng.choices(SCENARIOS, SCENARIO_WEIGHTS)[0],
                 transport=rng.choice(TRANSPORTS),
-                faulty=(number // cfg.wave) % 2 == 1,
+                kind=kinds[(number // cfg.wave) % len(kinds)],
                 size=cfg.size,
                 prompt=prompt,
                 last_user=question,
@@ -949,8 +1236,11 @@ async def run_soak(cfg: SoakConfig, *, progress: Callable[[str], None] | None = 
     ours.setLevel(logging.ERROR)  # judge retries and masked cohorts log warnings by design
     root.addHandler(errors)
     try:
-        async with JudgeProcess(seed=cfg.seed) as judge:
-            await _run(cfg, judge, report, progress or (lambda _line: None))
+        with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+            tokens = pathlib.Path(tmp) / "tokens"
+            tokens.write_text("".join(f"{p}:{t}\n" for p, t in TOKENS.items()))
+            async with JudgeProcess(seed=cfg.seed) as judge:
+                await _run(cfg, judge, tokens, report, progress or (lambda _line: None))
     finally:
         root.removeHandler(errors)
         ours.setLevel(saved_level)
@@ -959,7 +1249,11 @@ async def run_soak(cfg: SoakConfig, *, progress: Callable[[str], None] | None = 
 
 
 async def _run(
-    cfg: SoakConfig, judge: JudgeProcess, report: SoakReport, progress: Callable[[str], None]
+    cfg: SoakConfig,
+    judge: JudgeProcess,
+    tokens: pathlib.Path,
+    report: SoakReport,
+    progress: Callable[[str], None],
 ) -> None:
     settings = load_settings(
         listen="127.0.0.1:0",
@@ -971,6 +1265,10 @@ async def _run(
         judge_request_timeout_s=cfg.judge_request_timeout_s,
         max_terminal_cohorts=cfg.max_terminal_cohorts,
         shutdown_grace_s=5.0,
+        judge_outage_tolerance_s=cfg.judge_outage_tolerance_s,
+        stream_max_buffered_events=cfg.stream_max_buffered_events,
+        max_judge_passes_per_cohort=max_passes(cfg.size),
+        auth={"tokens_file": str(tokens)},
     )
     server = CohortServer(settings)
     port = await server.start()
@@ -979,19 +1277,28 @@ async def _run(
     # per-connection stream limit.
     channels = [
         grpc.aio.insecure_channel(
-            f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+            f"127.0.0.1:{port}",
+            options=[("grpc.use_local_subchannel_pool", 1)],
         )
         for _ in range(cfg.concurrency)
     ]
-    clients = Clients([pb_grpc.CohortServiceStub(c) for c in channels], timeout=cfg.group_timeout_s)
+    clients = Clients(
+        [pb_grpc.CohortServiceStub(c) for c in channels],
+        timeout=cfg.group_timeout_s,
+        unread_late_copies=cfg.unread_late_copies,
+    )
+    # The outage of a restart wave: the judge's down time plus its start-up.
+    tolerant = cfg.judge_outage_tolerance_s >= cfg.restart_down_s + 5.0
     scoring = settings.scoring_params()
     waves = [make_groups(cfg)]
     waves = [waves[0][i : i + cfg.wave] for i in range(0, cfg.groups, cfg.wave)]
     outcomes: collections.Counter[str] = collections.Counter()
     judge_outcomes: collections.Counter[str] = collections.Counter()
     previous_faulty_keys: set[str] = set()
-    retained: list[tuple[str, list[int]]] = []
+    retained: list[tuple[str, str, list[int]]] = []
     started = time.perf_counter()
+
+    under_way = asyncio.Event()
 
     async def worker(number: int, queue: collections.deque[Group]) -> None:
         while queue:
@@ -1002,25 +1309,46 @@ async def _run(
                     await play(clients, g)
             except (TimeoutError, StreamBroken) as exc:
                 g.violation(f"scenario did not finish: {exc!r}")
+            under_way.set()
+
+    async def crash_judge() -> dict[str, Any]:
+        """Once the first group of the wave is done, kill the judge and start it again."""
+        await under_way.wait()
+        before = await judge.stats()
+        await judge.restart(cfg.restart_down_s)
+        return before
 
     try:
         for number, wave in enumerate(waves):
-            faulty = wave[0].faulty
-            await judge.set_faults(FAULTS_ON if faulty else FAULTS_OFF)
+            kind = wave[0].kind
+            faulty = kind != "clean"
+            await judge.set_faults(faults_for(kind, cfg))
             await judge.reset_stats()
             calls_before = server.runtime.judge_calls
             queue = collections.deque(wave)
-            await asyncio.gather(*(worker(w, queue) for w in range(cfg.concurrency)))
+            under_way.clear()
+            crash = asyncio.create_task(crash_judge()) if kind == "restart" else None
+            try:
+                await asyncio.gather(*(worker(w, queue) for w in range(cfg.concurrency)))
+            finally:
+                before = await crash if crash is not None else None
             await server.runtime.drain_tasks()  # cancelled judge calls of masked groups
             stats = await judge.stats()
-            pairs: dict[str, int] = stats["pairs"]
+            pairs: dict[str, int] = collections.Counter(stats["pairs"])
             judge_outcomes.update(stats["by_outcome"])
             report.judge_requests += stats["total"]
+            if before is not None:
+                pairs.update(before["pairs"])
+                judge_outcomes.update(before["by_outcome"])
+                report.judge_requests += before["total"]
             comparisons = 0
             wave_keys: set[str] = set()
-            for g in wave:
-                check_group(g, scoring, cfg.parse_retries)
-                comparisons += check_judge_counts(g, pairs, cfg.parse_retries)
+            played = [x for g in wave for x in (g, *g.twins)]
+            for g in played:
+                check_group(g, scoring, cfg.parse_retries, tolerant)
+                comparisons += check_judge_counts(
+                    g, pairs, cfg.parse_retries, cfg.judge_outage_tolerance_s > 0
+                )
                 for attempt, present in g.present.items():
                     wave_keys.update(g.pair_keys(attempt, present))
                 for s in g.subs:
@@ -1033,16 +1361,22 @@ async def _run(
                 report.scenarios[g.scenario] = report.scenarios.get(g.scenario, 0) + 1
                 report.transports[g.transport] = report.transports.get(g.transport, 0) + 1
                 report.faulty_groups += g.faulty
+                report.wave_kinds[kind] = report.wave_kinds.get(kind, 0) + 1
+                report.twin_groups += g.principal != "a"
+                if g.scenario == "unread":
+                    report.unread_groups += 1
                 if not g.complete:
                     report.failed_groups += 1
                 elif g.masked:
                     report.masked_groups += 1
+                    report.masked_by_kind[kind] = report.masked_by_kind.get(kind, 0) + 1
                 elif g.masked is False:
                     report.rewarded_groups += 1
+                    report.rewarded_by_kind[kind] = report.rewarded_by_kind.get(kind, 0) + 1
                 report.violation_count += len(g.violations)
                 report.violations.extend(g.violations[: max(0, 50 - len(report.violations))])
                 # Keep the driver's memory flat: this group is checked.
-                g.subs, g.answers = [], {}
+                g.subs, g.answers, g.twins = [], {}, []
             report.judge_comparisons += comparisons
             strays = {k: c for k, c in pairs.items() if k not in wave_keys}
             report.straggler_requests += sum(strays.values())
@@ -1061,12 +1395,13 @@ async def _run(
                     )
             previous_faulty_keys = wave_keys if faulty else set()
             report.groups += len(wave)
-            retained = [(g.gid, sorted(g.present)) for g in wave]
+            retained = [(g.gid, g.principal, sorted(g.present)) for g in played]
+            del played
             waves[number] = []
             if number + 1 == cfg.warmup_waves:
                 report.rss_baseline_kib = settled_rss_kib()
             progress(
-                f"wave {number + 1}/{len(waves)} ({'faulty' if faulty else 'clean'}): "
+                f"wave {number + 1}/{len(waves)} ({kind}): "
                 f"{report.groups} groups, {time.perf_counter() - started:.1f}s, "
                 f"{report.violation_count} violations, RSS {rss_kib()} KiB"
             )
@@ -1075,10 +1410,10 @@ async def _run(
         report.runtime_stats = server.runtime.stats()
         report.store_counts = dict(server.registry.store.counts())
         now = server.runtime.now()
-        for gid, attempts in retained:
+        for gid, principal, attempts in retained:
             for attempt in attempts:
                 tomb = server.registry.store.tombstone(
-                    cohort_model.CohortKey(gid, None, attempt), now
+                    cohort_model.CohortKey(gid, None, attempt, principal), now
                 )
                 if tomb is None:
                     continue
@@ -1114,6 +1449,9 @@ async def _run(
         await server.stop()
     report.rss_peak_kib = _peak_rss_kib()
     report.transport_retries = clients.transport_retries
+    report.judge_restarts = judge.restarts
+    judged = report.masked_groups + report.rewarded_groups
+    report.masked_share = report.masked_groups / judged if judged else 0.0
     report.outcomes = dict(sorted(outcomes.items()))
     report.judge_outcomes = dict(sorted(judge_outcomes.items()))
 
@@ -1132,18 +1470,70 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     parser.add_argument("--json", default=None, help="also write the report as JSON here")
+    parser.add_argument(
+        "--compare-tolerance",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="run the same seeded soak twice, with judge_outage_tolerance_s 0 and SECONDS, "
+        "and report the masked share of each",
+    )
     args = parser.parse_args(argv)
     cfg = SoakConfig(**{k: getattr(args, k) for k in asdict(defaults)})
 
     def say(line: str) -> None:
         print(line, flush=True)
 
-    report = asyncio.run(run_soak(cfg, progress=say))
-    print(report.summary(), flush=True)
+    if args.compare_tolerance is None:
+        report = asyncio.run(run_soak(cfg, progress=say))
+        print(report.summary(), flush=True)
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(report_json(report), out, indent=2)
+        return 1 if report.failures() else 0
+    runs = compare_tolerance(cfg, args.compare_tolerance, progress=say)
+    print(comparison_summary(runs), flush=True)
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({**asdict(report), "failures": report.failures()}, out, indent=2)
-    return 1 if report.failures() else 0
+            json.dump(comparison_json(runs), out, indent=2)
+    return 1 if any(r.failures() for r in runs) else 0
+
+
+def report_json(report: SoakReport) -> dict[str, Any]:
+    return {**asdict(report), "failures": report.failures()}
+
+
+def compare_tolerance(
+    cfg: SoakConfig, tolerance_s: float, *, progress: Callable[[str], None]
+) -> list[SoakReport]:
+    """The same seeded soak (same groups, same judge fault sequence per wave) without and
+    with ``judge_outage_tolerance_s``."""
+    runs = []
+    for value in (0.0, tolerance_s):
+        progress(f"--- judge_outage_tolerance_s={value:g}")
+        run = asyncio.run(run_soak(replace(cfg, judge_outage_tolerance_s=value), progress=progress))
+        progress(run.summary())
+        runs.append(run)
+    return runs
+
+
+def comparison_summary(runs: Sequence[SoakReport]) -> str:
+    lines = ["masked share (masked / judged groups) under the same faults:"]
+    for r in runs:
+        tol = r.config["judge_outage_tolerance_s"]
+        lines.append(
+            f"  judge_outage_tolerance_s={tol:g}: {r.masked_share:.2%} "
+            f"({r.masked_groups} of {r.masked_groups + r.rewarded_groups}); by wave kind "
+            f"{r.masked_by_kind}; {'PASS' if not r.failures() else 'FAIL'}"
+        )
+    return "\n".join(lines)
+
+
+def comparison_json(runs: Sequence[SoakReport]) -> dict[str, Any]:
+    return {
+        "masked_share": {f"{r.config['judge_outage_tolerance_s']:g}": r.masked_share for r in runs},
+        "runs": [report_json(r) for r in runs],
+    }
 
 
 if __name__ == "__main__":

@@ -25,14 +25,21 @@ class JudgeProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._http: httpx.AsyncClient | None = None
         self.url = ""
+        self.port = 0
+        self.restarts = 0
 
     async def __aenter__(self) -> Self:
+        await self._spawn(0)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=30)
+        return self
+
+    async def _spawn(self, port: int) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "genrm_grpc.testing.cli",
             "--port",
-            "0",
+            str(port),
             "--seed",
             str(self._seed),
             "--retry-after-s",
@@ -46,8 +53,22 @@ class JudgeProcess:
         if "listening on " not in line:
             raise RuntimeError(f"fake judge did not start: {line!r}")
         self.url = line.rsplit(" ", 1)[1].strip()
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=30)
-        return self
+        self.port = int(self.url.rsplit(":", 1)[1].strip("/"))
+
+    async def restart(self, down_s: float) -> None:
+        """Kill the judge (SIGKILL: a crash, its connections reset), stay down for
+        ``down_s``, start a fresh one on the same port (fault-free, counters at zero)."""
+        proc = self._proc
+        assert proc is not None, "judge not started"
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        await asyncio.sleep(down_s)  # the outage itself, not a synchronisation
+        url = self.url
+        await self._spawn(self.port)
+        if self.url != url:
+            raise RuntimeError(f"restarted judge listens on {self.url}, not {url}")
+        self.restarts += 1
 
     async def __aexit__(
         self,
