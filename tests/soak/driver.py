@@ -984,7 +984,7 @@ async def _run(
         for _ in range(cfg.concurrency)
     ]
     clients = Clients([pb_grpc.CohortServiceStub(c) for c in channels], timeout=cfg.group_timeout_s)
-    scoring = settings.scoring_params()
+    scoring = settings  # Settings is the scoring view
     waves = [make_groups(cfg)]
     waves = [waves[0][i : i + cfg.wave] for i in range(0, cfg.groups, cfg.wave)]
     outcomes: collections.Counter[str] = collections.Counter()
