@@ -32,7 +32,7 @@ from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.documented_reflection import enable_documented_reflection
 from genrm_grpc.server.interceptors import UndecodableRequestInterceptor
 from genrm_grpc.server.security import Principals, TokenAuthInterceptor, server_credentials
-from genrm_grpc.server.servicer import CohortServicer, StreamLimits
+from genrm_grpc.server.servicer import CohortServicer
 from genrm_grpc.store.base import CohortStore
 from genrm_grpc.store.memory import MemoryStore, StoreView
 
@@ -197,11 +197,7 @@ class CohortServer:
             bounds=FieldBounds(settings),
             observer=self.metrics,
             tracer=self.tracing,
-            stream_limits=StreamLimits(
-                max_buffered_events=settings.stream_max_buffered_events,
-                max_held_bytes=settings.stream_max_held_bytes,
-                max_connection_held_bytes=settings.connection_max_held_bytes,
-            ),
+            stream_limits=settings,
             principals=Principals(
                 settings.auth.principals() if settings.auth is not None else None,
                 certificates=settings.tls is not None and settings.tls.client_ca_file is not None,
