@@ -88,7 +88,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         default_group_size: int,
         mode: ComparisonMode,
         max_message_bytes: int,
-        max_call_wait_s: float = 3600.0,
+        max_call_wait_s: float,
         bounds: FieldBounds | None = None,
         observer: ServiceObserver | None = None,
         tracer: SubmitTracer | None = None,
