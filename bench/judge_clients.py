@@ -144,10 +144,13 @@ async def _worker(kind: str, url: str, concurrency: int, warmup_s: float, durati
 
             return await _drive(call_aiohttp, concurrency, warmup_s, duration_s)
     if kind == "genrm":
-        from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig, JudgeInput
+        from genrm_grpc.config import JudgeSettings, Settings
+        from genrm_grpc.judge.client import JudgeClient, JudgeInput
 
-        config = JudgeClientConfig(
-            url=url, api="responses", model="genrm", max_connections=concurrency
+        config = Settings(
+            judge=JudgeSettings(
+                url=url, api="responses", model="genrm", max_connections=concurrency
+            )
         )
         inp = JudgeInput(
             messages=(("system", "Be concise."), ("user", "What is the answer to everything?")),

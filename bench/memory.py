@@ -27,10 +27,10 @@ from bench.service import FIXED_VERDICT, InstantJudge, answer_text
 from bench.util import rss_bytes
 from genrm_grpc.cohort.identity import CandidateInput, resolve
 from genrm_grpc.cohort.model import CohortKey, MemberCoords, PromptSpec, Submission, Tombstone
-from genrm_grpc.cohort.registry import CohortRegistry, RegistryConfig
+from genrm_grpc.cohort.registry import CohortRegistry
+from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
-from genrm_grpc.runtime.engine import CohortRuntime, RuntimeConfig, Ticket
-from genrm_grpc.scoring.types import ScoringParams
+from genrm_grpc.runtime.engine import CohortRuntime, Ticket
 from genrm_grpc.store.memory import MemoryStore
 
 GROUP_SIZE = 16
@@ -50,17 +50,16 @@ class BlockedJudge:
 
 
 def make_runtime(judge: Any, retained: int) -> CohortRuntime:
-    registry = CohortRegistry(
-        RegistryConfig(
-            collection_timeout_s=LONG, evaluation_timeout_s=LONG, max_active_cohorts=10**6
-        ),
-        MemoryStore(ttl_s=LONG, max_records=max(retained, 1)),
+    settings = Settings(
+        cohort_collection_timeout_s=LONG,
+        cohort_evaluation_timeout_s=LONG,
+        max_active_cohorts=10**6,
+        cohort_result_ttl_s=LONG,
+        max_terminal_cohorts=max(retained, 1),
+        comparison_strategy="circular",
+        default_principle="",  # as measured before the settings views
     )
-    return CohortRuntime(
-        registry,
-        judge,
-        RuntimeConfig(scoring=ScoringParams(comparison_strategy="circular")),
-    )
+    return CohortRuntime(CohortRegistry(settings, MemoryStore(settings)), judge, settings)
 
 
 def submission(n: int, i: int) -> Submission:

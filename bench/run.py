@@ -64,8 +64,8 @@ from genrm_grpc.cohort.model import (
     Submission,
     Tombstone,
 )
-from genrm_grpc.cohort.registry import CohortRegistry, Disposition, RegistryConfig
-from genrm_grpc.config import load_settings
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition
+from genrm_grpc.config import Settings, load_settings
 from genrm_grpc.server.app import CohortServer
 from genrm_grpc.store.base import CohortStore
 from genrm_grpc.store.memory import MemoryStore
@@ -252,15 +252,15 @@ def core_round(
     """Time ``ops`` registry.submit calls against ``retained`` pre-filled terminal cohorts."""
     if retained < 3:
         raise ValueError("retained must be >= 3")
-    store = MemoryStore(ttl_s=LONG_TTL_S, max_records=cap)
-    registry = CohortRegistry(
-        RegistryConfig(
-            collection_timeout_s=LONG_TTL_S,
-            evaluation_timeout_s=LONG_TTL_S,
-            max_active_cohorts=max(10_000, extra_active + 10),
-        ),
-        store,
+    settings = Settings(
+        cohort_collection_timeout_s=LONG_TTL_S,
+        cohort_evaluation_timeout_s=LONG_TTL_S,
+        max_active_cohorts=max(10_000, extra_active + 10),
+        cohort_result_ttl_s=LONG_TTL_S,
+        max_terminal_cohorts=cap,
     )
+    store = MemoryStore(settings)
+    registry = CohortRegistry(settings, store)
     now = 1000.0
     ended = prefill(
         store,

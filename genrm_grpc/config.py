@@ -39,7 +39,6 @@ from pydantic_settings import (
 
 from genrm_grpc.cohort.identity import MAX_GROUP_SIZE
 from genrm_grpc.runtime.plan import PassPlan
-from genrm_grpc.scoring.types import ScoringParams
 
 # Every deadline must be finite and > 0: null, 0, negatives, NaN and ∞ are refused.
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -386,21 +385,6 @@ class Settings(BaseSettings):
         if yaml_source is None:
             return (init_settings, env_settings)
         return (init_settings, env_settings, yaml_source)
-
-    def scoring_params(self) -> ScoringParams:
-        return ScoringParams(
-            comparison_strategy=self.comparison_strategy,
-            num_judges_per_comparison=self.num_judges_per_comparison,
-            aggregator_method=self.aggregator_method,
-            reasoning_bonus=self.reasoning_bonus,
-            answer_bonus=self.answer_bonus,
-            top_percentile=self.top_percentile,
-            group_reasoning_length_penalty_coeff=self.group_reasoning_length_penalty_coeff,
-            group_answer_length_penalty_coeff=self.group_answer_length_penalty_coeff,
-            group_style_penalty_coeff=self.group_style_penalty_coeff,
-            default_score=self.default_score,
-            default_ranking=self.default_ranking,
-        )
 
 
 def _nested_model(annotation: Any) -> type[BaseModel] | None:

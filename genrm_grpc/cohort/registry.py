@@ -16,6 +16,7 @@ import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from genrm_grpc.cohort.identity import coords_metadata
 from genrm_grpc.cohort.model import (
@@ -43,13 +44,21 @@ from genrm_grpc.store.base import CohortStore
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class RegistryConfig:
-    collection_timeout_s: float = 1800.0
-    evaluation_timeout_s: float = 3600.0
-    max_active_cohorts: int = 10_000
+class RegistryView(Protocol):
+    """The settings the registry reads (a scoped view; ``Settings`` satisfies it).
+
+    Names, defaults and validation live once, in ``genrm_grpc.config.Settings``.
+    """
+
+    @property
+    def cohort_collection_timeout_s(self) -> float: ...
+    @property
+    def cohort_evaluation_timeout_s(self) -> float: ...
+    @property
+    def max_active_cohorts(self) -> int: ...
     #: Active cohorts one principal may hold (None: only ``max_active_cohorts`` applies).
-    max_active_cohorts_per_principal: int | None = None
+    @property
+    def max_active_cohorts_per_principal(self) -> int | None: ...
 
 
 class Disposition(enum.Enum):
@@ -75,7 +84,7 @@ class SubmitDecision:
 class CohortRegistry:
     """Owns every active cohort and decides what each event means."""
 
-    def __init__(self, config: RegistryConfig, store: CohortStore) -> None:
+    def __init__(self, config: RegistryView, store: CohortStore) -> None:
         self.config = config
         self.store = store
         self._active: dict[CohortKey, Cohort] = {}
@@ -177,7 +186,7 @@ class CohortRegistry:
             return False
         reason = (
             f"judge evaluation deadline expired: cohort_evaluation_timeout_s="
-            f"{self.config.evaluation_timeout_s:g} passed before every comparison finished"
+            f"{self.config.cohort_evaluation_timeout_s:g} passed before every comparison finished"
         )
         self._end(cohort, Masked(reason=clip_reason(reason)), now)
         return True
@@ -246,7 +255,7 @@ class CohortRegistry:
             prompt=sub.prompt,
             prompt_digest=sub.prompt_digest,
             created_at=now,
-            collection_deadline=now + self.config.collection_timeout_s,
+            collection_deadline=now + self.config.cohort_collection_timeout_s,
         )
         self._active[sub.key] = cohort
         principal = sub.key.principal
@@ -281,7 +290,7 @@ class CohortRegistry:
         if cohort.full:
             cohort.phase = Phase.EVALUATING
             cohort.snapshot = tuple(cohort.members[i] for i in range(cohort.group_size))
-            cohort.evaluation_deadline = now + self.config.evaluation_timeout_s
+            cohort.evaluation_deadline = now + self.config.cohort_evaluation_timeout_s
             frozen = True
         return SubmitDecision(Disposition.ACCEPTED, cohort=cohort, frozen=frozen)
 
@@ -319,7 +328,7 @@ class CohortRegistry:
         shown = ", ".join(map(str, missing[:20])) + (" …" if len(missing) > 20 else "")
         reason = (
             f"collection deadline expired (cohort_collection_timeout_s="
-            f"{self.config.collection_timeout_s:g}) with {len(cohort.members)}/"
+            f"{self.config.cohort_collection_timeout_s:g}) with {len(cohort.members)}/"
             f"{cohort.group_size} members; missing rollout_index: {shown}"
         )
         return Failed(clip_reason(reason), legacy=not cohort.key.explicit)

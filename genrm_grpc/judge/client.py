@@ -18,10 +18,10 @@ produced a completed judge answer, not on the order of the failures:
   a reward. NeMo Gym's genrm_compare differs here on purpose: it turns every exception
   into the default verdict, which silently fabricates rewards.
 
-Outage tolerance (``outage_tolerance_s`` > 0): connection failures, resets, interrupted
+Outage tolerance (``judge_outage_tolerance_s`` > 0): connection failures, resets, interrupted
 bodies, HTTP 502/503/504 and per-request timeouts are retried with the same backoff for
 up to that many seconds of continuous outage without spending the budget. Hedging
-(``hedge_after_s``): an attempt still unanswered after that long gets a second, identical
+(``judge_hedge_after_s``): an attempt still unanswered after that long gets a second, identical
 request; the first to come back is used and the other is cancelled.
 
 Two wire formats are spoken (docs/protocol.md): ``responses``
@@ -49,7 +49,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Protocol, Self
 
 import aiohttp
 
@@ -65,9 +65,6 @@ JudgeApi = Literal["responses", "chat_completions"]
 MAX_REASON_CHARS = 2000
 """Failure reasons travel to collectors in ``failure_reason``; the protocol caps them."""
 
-DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
-"""Default cap of one judge response body (``judge.max_response_bytes``)."""
-
 OFFLOAD_BYTES = 64 * 1024
 """Bodies at least this large are decoded and parsed in a worker thread, not on the loop."""
 
@@ -79,86 +76,78 @@ _READ_CHUNK = 64 * 1024
 _MAX_BACKOFF_EXPONENT = 60
 
 
-@dataclass(frozen=True)
-class JudgeClientConfig:
-    """How to reach the judge and how hard to try.
+class JudgeBlockView(Protocol):
+    """The ``judge:`` block as the client reads it (``JudgeSettings`` satisfies it).
 
     ``url`` is the server's base URL, with or without a trailing ``/v1``; user-info in it
     (``user:password@``) is sent as HTTP Basic authentication and redacted everywhere.
-    ``request_timeout_s`` (``judge_request_timeout_s``) bounds each HTTP attempt end to
-    end: pool wait, connect and connection retries, sending, and reading the whole body.
-    ``parse_retries`` (``genrm_parse_retries``) is the one retry budget of a comparison.
-    ``retry_sleep_s`` (``genrm_parse_retry_sleep_s``) is the first backoff ceiling; it
-    doubles per retry up to ``max_retry_sleep_s`` and the actual wait is drawn uniformly
-    below it (full jitter). ``connect_retries`` are immediate retries of failed TCP
-    connects, spent inside one attempt's deadline. ``max_response_bytes`` caps one
-    response body. ``outage_tolerance_s`` (``judge_outage_tolerance_s``) and
-    ``hedge_after_s`` (``judge_hedge_after_s``) are described in the module docstring.
+    ``max_retry_sleep_s`` caps the doubling backoff; ``max_response_bytes`` caps one
+    response body; ``api_key()`` reads the key from the variable ``api_key_env`` names.
     """
 
-    url: str
-    api: JudgeApi
-    model: str
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    api_key: str | None = None
-    request_timeout_s: float = 1800.0
-    parse_retries: int = 3
-    retry_sleep_s: float = 0.2
-    max_retry_sleep_s: float = 30.0
-    default_score: float = 3.0
-    default_ranking: float = 3.5
-    max_connections: int = 64
-    connect_retries: int = 2
-    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
-    outage_tolerance_s: float = 0.0
-    hedge_after_s: float | None = None
+    @property
+    def url(self) -> str: ...
+    @property
+    def api(self) -> JudgeApi: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def max_output_tokens(self) -> int | None: ...
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def top_p(self) -> float | None: ...
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def max_retry_sleep_s(self) -> float: ...
+    @property
+    def max_response_bytes(self) -> int: ...
+    def api_key(self) -> str | None: ...
 
-    def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"judge url must start with http:// or https://, got {redact_url(self.url)!r}"
-            )
-        if self.api not in ("responses", "chat_completions"):
-            raise ValueError(
-                f"judge api must be 'responses' or 'chat_completions', got {self.api!r}"
-            )
-        _require_positive_finite("request_timeout_s", self.request_timeout_s)
-        _require_non_negative_finite("retry_sleep_s", self.retry_sleep_s)
-        _require_non_negative_finite("max_retry_sleep_s", self.max_retry_sleep_s)
-        _require_non_negative_finite("outage_tolerance_s", self.outage_tolerance_s)
-        if self.hedge_after_s is not None:
-            _require_positive_finite("hedge_after_s", self.hedge_after_s)
-        if self.parse_retries < 0:
-            raise ValueError(f"parse_retries must be >= 0, got {self.parse_retries}")
-        if self.connect_retries < 0:
-            raise ValueError(f"connect_retries must be >= 0, got {self.connect_retries}")
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
-        if self.max_output_tokens is not None and self.max_output_tokens < 1:
-            raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
-        if self.max_response_bytes < 1:
-            raise ValueError(f"max_response_bytes must be >= 1, got {self.max_response_bytes}")
+
+class JudgeView(Protocol):
+    """The settings the judge client reads: a read-only scoped view of ``Settings``.
+
+    Every key is declared, defaulted and validated once, in ``genrm_grpc.config``.
+    ``judge_request_timeout_s`` bounds each HTTP attempt end to end: pool wait, connect
+    and connection retries, sending, and reading the whole body. ``genrm_parse_retries``
+    is the one retry budget of a comparison. ``genrm_parse_retry_sleep_s`` is the first
+    backoff ceiling; it doubles per retry up to ``judge.max_retry_sleep_s`` and the actual
+    wait is drawn uniformly below it (full jitter). ``judge_outage_tolerance_s`` and
+    ``judge_hedge_after_s`` are described in the module docstring.
+    """
 
     @property
-    def base_url(self) -> str:
-        """The judge's base URL without user-info and without a ``/v1`` suffix."""
-        base = split_userinfo(self.url)[0].rstrip("/")
-        if base.endswith("/v1"):
-            base = base[: -len("/v1")]
-        return base
-
+    def judge(self) -> JudgeBlockView: ...
     @property
-    def endpoint(self) -> str:
-        """The full URL that judge requests are POSTed to (no user-info)."""
-        path = "/v1/responses" if self.api == "responses" else "/v1/chat/completions"
-        return self.base_url + path
-
+    def judge_request_timeout_s(self) -> float: ...
     @property
-    def display_url(self) -> str:
-        """The configured URL as it may be logged: user-info replaced by ``***``."""
-        return redact_url(self.url)
+    def genrm_parse_retries(self) -> int: ...
+    @property
+    def genrm_parse_retry_sleep_s(self) -> float: ...
+    @property
+    def default_score(self) -> float: ...
+    @property
+    def default_ranking(self) -> float: ...
+    @property
+    def judge_outage_tolerance_s(self) -> float: ...
+    @property
+    def judge_hedge_after_s(self) -> float | None: ...
+
+
+def judge_base_url(url: str) -> str:
+    """The judge's base URL without user-info and without a ``/v1`` suffix."""
+    base = split_userinfo(url)[0].rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")]
+    return base
+
+
+def judge_endpoint(url: str, api: JudgeApi) -> str:
+    """The full URL that judge requests are POSTed to (no user-info)."""
+    path = "/v1/responses" if api == "responses" else "/v1/chat/completions"
+    return judge_base_url(url) + path
 
 
 @dataclass(frozen=True)
@@ -361,8 +350,9 @@ class JudgeClient:
 
     def __init__(
         self,
-        config: JudgeClientConfig,
+        config: JudgeView,
         *,
+        connect_retries: int = 2,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
         clock: Callable[[], float] = time.monotonic,
@@ -372,22 +362,32 @@ class JudgeClient:
         offload_bytes: int = OFFLOAD_BYTES,
         executor: concurrent.futures.Executor | None = None,
     ) -> None:
+        if connect_retries < 0:
+            raise ValueError(f"connect_retries must be >= 0, got {connect_retries}")
         self._config = config
+        self._connect_retries = connect_retries
         self._offload_bytes = offload_bytes
         self._executor = executor
         self._observer: JudgeObserver = observer or NullJudgeObserver()
         self._reachability = reachability or ReachabilityListener()
         self._on_hedge = on_hedge or (lambda: None)
-        self._endpoint = config.endpoint
-        self._display_endpoint = redact_url(config.url).rstrip("/")
-        self._redact = Redactor(config.url)
+        url = config.judge.url
+        self._base_url = judge_base_url(url)
+        self._endpoint = judge_endpoint(url, config.judge.api)
+        #: The configured URL as it may be logged: user-info replaced by ``***``.
+        self.display_url = redact_url(url)
+        self._display_endpoint = self.display_url.rstrip("/")
+        self._redact = Redactor(url)
         self._sleep = sleep
         self._clock = clock
-        self._backoff = _Backoff(config.retry_sleep_s, config.max_retry_sleep_s, random)
+        self._backoff = _Backoff(
+            config.genrm_parse_retry_sleep_s, config.judge.max_retry_sleep_s, random
+        )
         headers = {"Content-Type": "application/json"}
-        _, user, password = split_userinfo(config.url)
-        if config.api_key:
-            headers["Authorization"] = f"Bearer {config.api_key}"
+        _, user, password = split_userinfo(url)
+        api_key = config.judge.api_key()
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         elif user is not None:
             token = base64.b64encode(f"{user}:{password or ''}".encode()).decode("ascii")
             headers["Authorization"] = f"Basic {token}"
@@ -395,7 +395,7 @@ class JudgeClient:
         self._session: aiohttp.ClientSession | None = None
 
     @property
-    def config(self) -> JudgeClientConfig:
+    def config(self) -> JudgeView:
         return self._config
 
     async def __aenter__(self) -> Self:
@@ -418,7 +418,7 @@ class JudgeClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
-                limit=self._config.max_connections,
+                limit=self._config.judge.max_connections,
                 limit_per_host=0,
                 # Deadlines are ours (asyncio.timeout per attempt), not aiohttp's.
                 ttl_dns_cache=60,
@@ -440,7 +440,7 @@ class JudgeClient:
         Reachable means the judge answered HTTP with anything but 502/503/504 (a 404 from
         a server without ``/v1/models`` still shows it is up). Never raises.
         """
-        url = self._config.base_url + "/v1/models"
+        url = self._base_url + "/v1/models"
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._http().get(url) as response:
@@ -469,7 +469,7 @@ class JudgeClient:
         sent = replace(inp, response_1=inp.response_2, response_2=inp.response_1) if swap else inp
         body = json.dumps(self._payload(sent)).encode("utf-8")
         tally = _Tally()
-        max_attempts = cfg.parse_retries + 1
+        max_attempts = cfg.genrm_parse_retries + 1
 
         verdict: Verdict | None = None
         started = time.perf_counter()
@@ -500,7 +500,7 @@ class JudgeClient:
                 tally.attempts,
                 extra={
                     "judge_url": self._display_endpoint,
-                    "judge_api": cfg.api,
+                    "judge_api": cfg.judge.api,
                     "judge_attempts": tally.attempts,
                     "judge_failed_attempts": dict(tally.kinds),
                 },
@@ -530,7 +530,7 @@ class JudgeClient:
             self._redact(_truncate(failure.log_detail, _EXCERPT_CHARS)),
             extra={
                 "judge_url": self._display_endpoint,
-                "judge_api": self._config.api,
+                "judge_api": self._config.judge.api,
                 "judge_attempt": tally.attempts,
                 "judge_max_attempts": max_attempts,
                 "judge_budget_spent": tally.budget_spent,
@@ -543,15 +543,15 @@ class JudgeClient:
     def _payload(self, inp: JudgeInput) -> dict[str, Any]:
         cfg = self._config
         conversation = [{"role": role, "content": content} for role, content in inp.messages]
-        body: dict[str, Any] = {"model": cfg.model}
-        if cfg.api == "responses":
+        body: dict[str, Any] = {"model": cfg.judge.model}
+        if cfg.judge.api == "responses":
             metadata = {"response_1": inp.response_1, "response_2": inp.response_2}
             if inp.principle:
                 metadata["principle"] = inp.principle
             body["input"] = conversation
             body["metadata"] = metadata
-            if cfg.max_output_tokens is not None:
-                body["max_output_tokens"] = cfg.max_output_tokens
+            if cfg.judge.max_output_tokens is not None:
+                body["max_output_tokens"] = cfg.judge.max_output_tokens
         else:
             messages = list(conversation)
             if inp.principle:
@@ -559,12 +559,12 @@ class JudgeClient:
             messages.append({"role": "response_1", "content": inp.response_1})
             messages.append({"role": "response_2", "content": inp.response_2})
             body["messages"] = messages
-            if cfg.max_output_tokens is not None:
-                body["max_tokens"] = cfg.max_output_tokens
-        if cfg.temperature is not None:
-            body["temperature"] = cfg.temperature
-        if cfg.top_p is not None:
-            body["top_p"] = cfg.top_p
+            if cfg.judge.max_output_tokens is not None:
+                body["max_tokens"] = cfg.judge.max_output_tokens
+        if cfg.judge.temperature is not None:
+            body["temperature"] = cfg.judge.temperature
+        if cfg.judge.top_p is not None:
+            body["top_p"] = cfg.judge.top_p
         return body
 
     async def _attempt(self, body: bytes, tally: _Tally) -> Verdict:
@@ -601,7 +601,7 @@ class JudgeClient:
 
     def _account(self, failure: _AttemptFailed, tally: _Tally) -> None:
         """Decide whether a failed attempt spends the budget (outage tolerance)."""
-        tolerance = self._config.outage_tolerance_s
+        tolerance = self._config.judge_outage_tolerance_s
         if failure.answered:
             tally.answered = True
         if failure.outage and tolerance > 0:
@@ -619,18 +619,18 @@ class JudgeClient:
         cfg = self._config
         attempt_no = tally.attempts
         try:
-            async with asyncio.timeout(cfg.request_timeout_s):
+            async with asyncio.timeout(cfg.judge_request_timeout_s):
                 reply = await self._send(body, attempt_no)
         except TimeoutError as exc:
             self._reachability.judge_unreachable("request deadline expired")
-            if cfg.outage_tolerance_s > 0:
+            if cfg.judge_outage_tolerance_s > 0:
                 now = self._clock()
                 since = tally.outage_since if tally.outage_since is not None else now
-                if now - since < cfg.outage_tolerance_s:
+                if now - since < cfg.judge_outage_tolerance_s:
                     raise _AttemptFailed(
                         "deadline",
                         f"attempt {attempt_no}: no complete answer within "
-                        f"judge_request_timeout_s={cfg.request_timeout_s:g}s",
+                        f"judge_request_timeout_s={cfg.judge_request_timeout_s:g}s",
                         outage=True,
                     ) from None
             raise JudgeFailedError(self._deadline_reason(tally), kind="deadline") from exc
@@ -677,7 +677,7 @@ class JudgeClient:
             raise _AttemptFailed(
                 "incomplete_max_output_tokens",
                 f"attempt {attempt_no}: answer incomplete, the judge ran out of output "
-                f"tokens (max_output_tokens={_budget_label(cfg.max_output_tokens)})",
+                f"tokens (max_output_tokens={_budget_label(cfg.judge.max_output_tokens)})",
             )
         if answer.state != "completed":
             raise _AttemptFailed(
@@ -712,9 +712,9 @@ class JudgeClient:
             raise _AttemptFailed(
                 "invalid_body", f"attempt {attempt_no}: HTTP 2xx body is not a JSON object"
             )
-        usage = _read_usage(body, cfg.api)
+        usage = _read_usage(body, cfg.judge.api)
         try:
-            text, state = _read_answer(body, cfg.api)
+            text, state = _read_answer(body, cfg.judge.api)
         except ValueError as exc:
             raise _AttemptFailed(
                 "invalid_body", f"attempt {attempt_no}: unexpected answer shape: {exc}"
@@ -728,7 +728,7 @@ class JudgeClient:
 
     async def _send(self, body: bytes, attempt_no: int) -> _Reply:
         """POST once, hedged after ``hedge_after_s`` when configured."""
-        hedge_after = self._config.hedge_after_s
+        hedge_after = self._config.judge_hedge_after_s
         if hedge_after is None:
             return await self._post(body, attempt_no)
         first: asyncio.Future[_Reply] = asyncio.ensure_future(self._post(body, attempt_no))
@@ -758,14 +758,13 @@ class JudgeClient:
 
     async def _post(self, body: bytes, attempt_no: int) -> _Reply:
         """One HTTP request; the whole body is read, up to ``max_response_bytes``."""
-        cfg = self._config
         connects = 0
         while True:
             try:
                 async with self._http().post(self._endpoint, data=body) as response:
                     return await self._read(response, attempt_no)
             except aiohttp.ClientConnectorError as exc:
-                if connects < cfg.connect_retries:
+                if connects < self._connect_retries:
                     connects += 1
                     continue
                 self._reachability.judge_unreachable(self._redact(_describe(exc)))
@@ -777,7 +776,7 @@ class JudgeClient:
                 ) from None
 
     async def _read(self, response: aiohttp.ClientResponse, attempt_no: int) -> _Reply:
-        cap = self._config.max_response_bytes
+        cap = self._config.judge.max_response_bytes
         declared = response.content_length
         if declared is not None:
             if declared > cap:
@@ -800,7 +799,7 @@ class JudgeClient:
         return _AttemptFailed(
             "oversized",
             f"attempt {attempt_no}: response body over judge.max_response_bytes="
-            f"{self._config.max_response_bytes} ({size} bytes or more)",
+            f"{self._config.judge.max_response_bytes} ({size} bytes or more)",
             answered=True,
         )
 
@@ -819,18 +818,20 @@ class JudgeClient:
         # the connection retries and a fresh attempt would just wait as long again.
         reason = (
             "judge request deadline expired: no complete answer within "
-            f"judge_request_timeout_s={cfg.request_timeout_s:g}s on attempt "
-            f"{tally.attempts} of {cfg.parse_retries + 1}; the deadline is not retried"
+            f"judge_request_timeout_s={cfg.judge_request_timeout_s:g}s on attempt "
+            f"{tally.attempts} of {cfg.genrm_parse_retries + 1}; the deadline is not retried"
         )
-        if cfg.outage_tolerance_s > 0:
-            reason += f" beyond judge_outage_tolerance_s={cfg.outage_tolerance_s:g}s of outage"
+        if cfg.judge_outage_tolerance_s > 0:
+            reason += (
+                f" beyond judge_outage_tolerance_s={cfg.judge_outage_tolerance_s:g}s of outage"
+            )
         return reason + self._budget_advice(tally) + self._outcome_summary(tally)
 
     def _exhausted_reason(self, last: _AttemptFailed, tally: _Tally) -> str:
         cfg = self._config
         reason = (
             f"judge gave no usable verdict after {tally.attempts} attempt(s) "
-            f"(genrm_parse_retries={cfg.parse_retries})"
+            f"(genrm_parse_retries={cfg.genrm_parse_retries})"
         )
         return (
             reason
@@ -842,7 +843,7 @@ class JudgeClient:
     def _budget_advice(self, tally: _Tally) -> str:
         if not tally.budget_exhausted:
             return ""
-        budget = _budget_label(self._config.max_output_tokens)
+        budget = _budget_label(self._config.judge.max_output_tokens)
         return (
             f"; {tally.budget_exhausted} of {tally.attempts} attempt(s) ended incomplete "
             f"because the judge used up its output budget (max_output_tokens={budget}): "
@@ -968,16 +969,6 @@ def _truncate(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[: limit - 1] + "…"
-
-
-def _require_positive_finite(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-
-
-def _require_non_negative_finite(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
 
 
 def _failure_class(exc: BaseException) -> str:

@@ -95,14 +95,14 @@ class JudgeMonitor:
         return self._ready
 
     async def run(self) -> None:
-        cfg = self._client.config
-        facts = {"judge_url": cfg.display_url, "judge_api": cfg.api, "judge_model": cfg.model}
+        cfg, url = self._client.config.judge, self._client.display_url
+        facts = {"judge_url": url, "judge_api": cfg.api, "judge_model": cfg.model}
         if self._probe == "startup":
             result = await self._probe_once()
             if result.reachable:
                 log.info(
                     "judge reachable at %s (api %s, model %s): %s",
-                    cfg.display_url,
+                    url,
                     cfg.api,
                     cfg.model,
                     result.detail,
@@ -111,7 +111,7 @@ class JudgeMonitor:
             else:
                 log.warning(
                     "judge unreachable at %s (api %s, model %s): %s",
-                    cfg.display_url,
+                    url,
                     cfg.api,
                     cfg.model,
                     result.detail,
@@ -120,7 +120,7 @@ class JudgeMonitor:
         else:
             log.info(
                 "judge at %s (api %s, model %s); start-up probe off",
-                cfg.display_url,
+                url,
                 cfg.api,
                 cfg.model,
                 extra={**facts, "judge_event": "configured"},

@@ -44,7 +44,7 @@ from genrm_grpc.runtime.clock import Clock, LoopClock, TimerHandle
 from genrm_grpc.runtime.plan import Pass, PassPlan
 from genrm_grpc.runtime.scheduler import PrioritySemaphore
 from genrm_grpc.scoring import aggregate
-from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringParams
+from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringView
 
 log = logging.getLogger(__name__)
 
@@ -60,27 +60,38 @@ class JudgeBackend(Protocol):
     async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome: ...
 
 
-@dataclass(frozen=True, slots=True)
-class RuntimeConfig:
-    comparison_mode: ComparisonMode = "rollout_cohort"
-    judge_schedule: JudgeSchedule = "after_collection"
-    judge_max_concurrency: int = 64
-    use_principle: bool = True
-    default_principle: str = ""
+class RuntimeView(ScoringView, Protocol):
+    """The settings the runtime reads: its own plus the scoring knobs it aggregates with.
+
+    A read-only scoped view; ``genrm_grpc.config.Settings`` declares each key once (name,
+    default, validation) and satisfies it.
+    """
+
+    @property
+    def comparison_mode(self) -> ComparisonMode: ...
+    @property
+    def judge_schedule(self) -> JudgeSchedule: ...
+    @property
+    def judge_max_concurrency(self) -> int: ...
+    @property
+    def use_principle(self) -> bool: ...
+    @property
+    def default_principle(self) -> str: ...
     #: Alternate judge passes swap the two answers (only with ≥ 2 judges per comparison).
-    position_debias: bool = False
+    @property
+    def position_debias(self) -> bool: ...
     #: Passes of running Compare calls (queued or judging) above which a new one is
     #: refused with CompareCapacityError.
-    max_queued_compare_passes: int = 4096
-    scoring: ScoringParams = field(default_factory=ScoringParams)
+    @property
+    def max_queued_compare_passes(self) -> int: ...
 
 
-def pass_plan(config: RuntimeConfig) -> PassPlan:
+def pass_plan(config: RuntimeView) -> PassPlan:
     """The judge passes the configuration asks for (also used to bound them up front)."""
     return PassPlan.of(
         config.comparison_mode,
-        config.scoring.comparison_strategy,
-        config.scoring.num_judges_per_comparison,
+        config.comparison_strategy,
+        config.num_judges_per_comparison,
         config.position_debias,
     )
 
@@ -167,7 +178,7 @@ class CohortRuntime:
         self,
         registry: CohortRegistry,
         judge: JudgeBackend,
-        config: RuntimeConfig,
+        config: RuntimeView,
         *,
         clock: Clock | None = None,
         observer: RuntimeObserver | None = None,
@@ -486,7 +497,7 @@ class CohortRuntime:
         assert members is not None
         texts = [m.candidate.texts for m in members]
         judged = tuple(r.pair for r in results)
-        params = self.config.scoring
+        params = self.config
         if self.config.comparison_mode == "fixed_baseline":
             baseline = AnswerTexts("", cohort.prompt.baseline_response or "")
             scores = aggregate(texts, judged, params, baseline=baseline)

@@ -23,7 +23,7 @@ from genrm_grpc.scoring.types import (
     GroupScores,
     JudgedPair,
     MemberScore,
-    ScoringParams,
+    ScoringView,
     Verdict,
 )
 from genrm_grpc.scoring.verdict import find_json_objects, parse_verdict
@@ -36,7 +36,7 @@ __all__ = [
     "GroupScores",
     "JudgedPair",
     "MemberScore",
-    "ScoringParams",
+    "ScoringView",
     "StyleCounts",
     "Verdict",
     "aggregate",

@@ -23,7 +23,7 @@ from genrm_grpc.scoring.types import (
     GroupScores,
     JudgedPair,
     MemberScore,
-    ScoringParams,
+    ScoringView,
 )
 
 __all__ = [
@@ -370,7 +370,7 @@ def _apply_length_adjustments(
     scores: list[float],
     adjustments: list[float],
     texts: Sequence[AnswerTexts],
-    params: ScoringParams,
+    params: ScoringView,
 ) -> None:
     size = len(texts)
     reasoning_lengths = [len(text.reasoning.strip()) for text in texts]
@@ -429,7 +429,7 @@ def _apply_style_adjustments(
 def aggregate(
     texts: Sequence[AnswerTexts],
     judged: Sequence[JudgedPair],
-    params: ScoringParams,
+    params: ScoringView,
     *,
     baseline: AnswerTexts | None = None,
 ) -> GroupScores:

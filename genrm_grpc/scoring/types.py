@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 ComparisonStrategy = Literal["circular", "all_pairs"]
 AggregatorMethod = Literal["simple_tiebreaker", "bradley_terry"]
@@ -46,21 +46,35 @@ class JudgedPair:
     verdict: Verdict
 
 
-@dataclass(frozen=True, slots=True)
-class ScoringParams:
-    """The aggregation knobs, named as in NeMo Gym's genrm_compare configuration."""
+class ScoringView(Protocol):
+    """The aggregation knobs, named as in NeMo Gym's genrm_compare configuration.
 
-    comparison_strategy: ComparisonStrategy = "circular"
-    num_judges_per_comparison: int = 1
-    aggregator_method: AggregatorMethod = "simple_tiebreaker"
-    reasoning_bonus: float = 0.0
-    answer_bonus: float = 0.0
-    top_percentile: float = 0.2
-    group_reasoning_length_penalty_coeff: float = 0.0
-    group_answer_length_penalty_coeff: float = 0.0
-    group_style_penalty_coeff: float = 0.0
-    default_score: float = 3.0
-    default_ranking: float = 3.5
+    A read-only scoped view: ``genrm_grpc.config.Settings`` declares (and validates) each
+    key once and satisfies this protocol, so scoring stays free of pydantic.
+    """
+
+    @property
+    def comparison_strategy(self) -> ComparisonStrategy: ...
+    @property
+    def num_judges_per_comparison(self) -> int: ...
+    @property
+    def aggregator_method(self) -> AggregatorMethod: ...
+    @property
+    def reasoning_bonus(self) -> float: ...
+    @property
+    def answer_bonus(self) -> float: ...
+    @property
+    def top_percentile(self) -> float: ...
+    @property
+    def group_reasoning_length_penalty_coeff(self) -> float: ...
+    @property
+    def group_answer_length_penalty_coeff(self) -> float: ...
+    @property
+    def group_style_penalty_coeff(self) -> float: ...
+    @property
+    def default_score(self) -> float: ...
+    @property
+    def default_ranking(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,9 @@ from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from genrm_grpc.cohort.registry import CohortRegistry, RegistryConfig
+from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import ConfigError, Settings
-from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig
+from genrm_grpc.judge.client import JudgeClient
 from genrm_grpc.judge.readiness import JudgeMonitor, JudgeReadiness
 from genrm_grpc.observability.hooks import (
     FanoutJudgeObserver,
@@ -27,13 +27,14 @@ from genrm_grpc.observability.hooks import (
     RuntimeObserver,
 )
 from genrm_grpc.observability.metrics import MetricsEndpoint, ServerMetrics
-from genrm_grpc.runtime.engine import CohortRuntime, RuntimeConfig
+from genrm_grpc.runtime.engine import CohortRuntime
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.documented_reflection import enable_documented_reflection
 from genrm_grpc.server.interceptors import UndecodableRequestInterceptor
 from genrm_grpc.server.security import Principals, TokenAuthInterceptor, server_credentials
-from genrm_grpc.server.servicer import CohortServicer, StreamLimits
-from genrm_grpc.store.memory import MemoryStore
+from genrm_grpc.server.servicer import CohortServicer
+from genrm_grpc.store.base import CohortStore
+from genrm_grpc.store.memory import MemoryStore, StoreView
 
 if TYPE_CHECKING:
     from genrm_grpc.observability.tracing import Tracing
@@ -42,28 +43,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CohortService"].full_name
 
-
-def judge_client_config(settings: Settings) -> JudgeClientConfig:
-    judge = settings.judge
-    return JudgeClientConfig(
-        url=judge.url,
-        api=judge.api,
-        model=judge.model,
-        max_output_tokens=judge.max_output_tokens,
-        temperature=judge.temperature,
-        top_p=judge.top_p,
-        api_key=judge.api_key(),
-        request_timeout_s=settings.judge_request_timeout_s,
-        parse_retries=settings.genrm_parse_retries,
-        retry_sleep_s=settings.genrm_parse_retry_sleep_s,
-        max_retry_sleep_s=judge.max_retry_sleep_s,
-        default_score=settings.default_score,
-        default_ranking=settings.default_ranking,
-        max_connections=judge.max_connections,
-        max_response_bytes=judge.max_response_bytes,
-        outage_tolerance_s=settings.judge_outage_tolerance_s,
-        hedge_after_s=settings.judge_hedge_after_s,
-    )
+#: The cohort store of each ``store`` setting.
+STORES: dict[str, Callable[[StoreView], CohortStore]] = {"memory": MemoryStore}
 
 
 # Keepalive policy. Collectors ping every 30 s to keep idle channels through NATs and
@@ -177,7 +158,7 @@ class CohortServer:
             runtime_observer = FanoutRuntimeObserver(self.metrics, self.tracing)
         self.judge_readiness = JudgeReadiness(settings.judge_unreachable_window_s)
         self.judge = JudgeClient(
-            judge_client_config(settings),
+            settings,
             observer=judge_observer,
             reachability=self.judge_readiness,
             on_hedge=self.metrics.judge_hedged,
@@ -190,33 +171,9 @@ class CohortServer:
             on_change=self._judge_readiness_changed,
         )
         self._judge_monitor_task: asyncio.Task[None] | None = None
-        store = MemoryStore(
-            ttl_s=settings.cohort_result_ttl_s, max_records=settings.max_terminal_cohorts
-        )
-        self.registry = CohortRegistry(
-            RegistryConfig(
-                collection_timeout_s=settings.cohort_collection_timeout_s,
-                evaluation_timeout_s=settings.cohort_evaluation_timeout_s,
-                max_active_cohorts=settings.max_active_cohorts,
-                max_active_cohorts_per_principal=settings.max_active_cohorts_per_principal,
-            ),
-            store,
-        )
-        self.runtime = CohortRuntime(
-            self.registry,
-            self.judge,
-            RuntimeConfig(
-                comparison_mode=settings.comparison_mode,
-                judge_schedule=settings.judge_schedule,
-                judge_max_concurrency=settings.judge_max_concurrency,
-                use_principle=settings.use_principle,
-                default_principle=settings.default_principle,
-                position_debias=settings.position_debias,
-                max_queued_compare_passes=settings.max_queued_compare_passes,
-                scoring=settings.scoring_params(),
-            ),
-            observer=runtime_observer,
-        )
+        # Every component reads its own scoped view of the one Settings: nothing copied.
+        self.registry = CohortRegistry(settings, STORES[settings.store](settings))
+        self.runtime = CohortRuntime(self.registry, self.judge, settings, observer=runtime_observer)
         self.metrics.attach_runtime(self.runtime)
         interceptors: list[Any] = []
         if self.tracing is not None:
@@ -237,21 +194,10 @@ class CohortServer:
             mode=settings.comparison_mode,
             max_message_bytes=settings.max_message_bytes,
             max_call_wait_s=settings.max_call_wait_s,
-            bounds=FieldBounds(
-                max_group_size=settings.max_group_size,
-                max_prompt_messages=settings.max_prompt_messages,
-                max_text_chars=settings.max_text_chars,
-                max_compare_candidates=settings.max_compare_candidates,
-                max_judge_passes_per_cohort=settings.max_judge_passes_per_cohort,
-                passes=settings.pass_plan(),
-            ),
+            bounds=FieldBounds(settings),
             observer=self.metrics,
             tracer=self.tracing,
-            stream_limits=StreamLimits(
-                max_buffered_events=settings.stream_max_buffered_events,
-                max_held_bytes=settings.stream_max_held_bytes,
-                max_connection_held_bytes=settings.connection_max_held_bytes,
-            ),
+            stream_limits=settings,
             principals=Principals(
                 settings.auth.principals() if settings.auth is not None else None,
                 certificates=settings.tls is not None and settings.tls.client_ca_file is not None,

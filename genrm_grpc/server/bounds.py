@@ -9,7 +9,7 @@ cannot succeed, the client has to shorten it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Protocol
 
 from genrm.cohort.v1 import cohort_pb2 as pb
 
@@ -22,31 +22,47 @@ from genrm_grpc.server.convert import coords_from_proto
 MAX_ROLE_CHARS = 64
 
 
-@dataclass(frozen=True, slots=True)
+class BoundsView(Protocol):
+    """The settings the field checks read (a scoped view; ``Settings`` satisfies it)."""
+
+    @property
+    def max_group_size(self) -> int: ...
+    @property
+    def max_prompt_messages(self) -> int: ...
+    @property
+    def max_text_chars(self) -> int: ...
+    @property
+    def max_compare_candidates(self) -> int: ...
+    #: The most judge calls one cohort may need (checked at every member against the
+    #: group_size it declares, before any work is done), counted with ``pass_plan()``.
+    @property
+    def max_judge_passes_per_cohort(self) -> int: ...
+    def pass_plan(self) -> PassPlan: ...
+
+
 class FieldBounds:
-    max_group_size: int
-    max_prompt_messages: int
-    max_text_chars: int
-    max_compare_candidates: int
-    #: With ``passes``: the most judge calls one cohort may need (checked at every
-    #: member against the group_size it declares, before any work is done).
-    max_judge_passes_per_cohort: int | None = None
-    passes: PassPlan | None = None
+    """Checks requests against the bounds of a :class:`BoundsView` (holds no copy of them)."""
+
+    __slots__ = ("limits", "passes")
+
+    def __init__(self, limits: BoundsView) -> None:
+        self.limits = limits
+        self.passes = limits.pass_plan()
 
     def submission(self, request: pb.SubmitMemberRequest) -> Rejection | None:
         ref = request.member
-        if ref.HasField("group_size") and ref.group_size > self.max_group_size:
+        if ref.HasField("group_size") and ref.group_size > self.limits.max_group_size:
             bad: Rejection | None = _violation(
                 "member.group_size",
-                f"must be at most max_group_size={self.max_group_size}, got {ref.group_size}",
+                f"must be at most max_group_size={self.limits.max_group_size}, "
+                f"got {ref.group_size}",
             )
         elif ref.HasField("group_size") and self._too_many_passes(ref.group_size):
-            assert self.passes is not None
             bad = _violation(
                 "member.group_size",
                 f"group_size {ref.group_size} needs {self.passes.pass_count(ref.group_size)} "
                 f"judge passes ({self.passes.describe()}); at most max_judge_passes_per_cohort="
-                f"{self.max_judge_passes_per_cohort}",
+                f"{self.limits.max_judge_passes_per_cohort}",
             )
         else:
             bad = self._prompt(request.prompt) or self._candidate(request.candidate, "candidate")
@@ -57,15 +73,14 @@ class FieldBounds:
         return Rejection(bad.reason, bad.message, meta, bad.field_violations)
 
     def _too_many_passes(self, group_size: int) -> bool:
-        limit, plan = self.max_judge_passes_per_cohort, self.passes
-        return limit is not None and plan is not None and plan.pass_count(group_size) > limit
+        return self.passes.pass_count(group_size) > self.limits.max_judge_passes_per_cohort
 
     def compare(self, request: pb.CompareRequest) -> Rejection | None:
         count = len(request.candidates)
-        if count > self.max_compare_candidates:
+        if count > self.limits.max_compare_candidates:
             return _violation(
                 "candidates",
-                f"at most max_compare_candidates={self.max_compare_candidates} candidates, "
+                f"at most max_compare_candidates={self.limits.max_compare_candidates} candidates, "
                 f"got {count}",
             )
         bad = self._prompt(request.prompt)
@@ -77,10 +92,11 @@ class FieldBounds:
 
     def _prompt(self, prompt: pb.Prompt) -> Rejection | None:
         count = len(prompt.messages)
-        if count > self.max_prompt_messages:
+        if count > self.limits.max_prompt_messages:
             return _violation(
                 "prompt.messages",
-                f"at most max_prompt_messages={self.max_prompt_messages} messages, got {count}",
+                f"at most max_prompt_messages={self.limits.max_prompt_messages} messages, "
+                f"got {count}",
             )
         for n, message in enumerate(prompt.messages):
             if len(message.role) > MAX_ROLE_CHARS:
@@ -100,8 +116,8 @@ class FieldBounds:
         )
 
     def _text(self, field_name: str, value: str) -> Rejection | None:
-        if len(value) > self.max_text_chars:
-            return _too_long(field_name, self.max_text_chars, len(value))
+        if len(value) > self.limits.max_text_chars:
+            return _too_long(field_name, self.limits.max_text_chars, len(value))
         return None
 
 

@@ -9,8 +9,7 @@ import logging
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
@@ -37,7 +36,7 @@ from genrm_grpc.cohort.model import (
     Submission,
 )
 from genrm_grpc.cohort.registry import failure_rejection
-from genrm_grpc.config import STREAM_MEMBER_OVERHEAD_BYTES
+from genrm_grpc.config import STREAM_MEMBER_OVERHEAD_BYTES, Settings
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.observability.hooks import (
     NullServiceObserver,
@@ -65,15 +64,20 @@ log = logging.getLogger(__name__)
 Context: TypeAlias = Any
 
 
-@dataclass(frozen=True, slots=True)
-class StreamLimits:
-    """Bounds of one StreamGroups stream and of all streams of one connection."""
+class StreamView(Protocol):
+    """Bounds of one StreamGroups stream and of all streams of one connection.
+
+    A read-only scoped view; ``Settings`` declares (and validates) the keys once.
+    """
 
     #: Events queued for the client; at the bound the stream stops reading requests.
-    max_buffered_events: int = 1024
+    @property
+    def stream_max_buffered_events(self) -> int: ...
     #: Wire bytes (+ STREAM_MEMBER_OVERHEAD_BYTES each) of members awaiting an outcome.
-    max_held_bytes: int = 256 * 1024 * 1024
-    max_connection_held_bytes: int = 1024 * 1024 * 1024
+    @property
+    def stream_max_held_bytes(self) -> int: ...
+    @property
+    def connection_max_held_bytes(self) -> int: ...
 
 
 class CohortServicer(pb_grpc.CohortServiceServicer):
@@ -84,11 +88,11 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         default_group_size: int,
         mode: ComparisonMode,
         max_message_bytes: int,
-        max_call_wait_s: float = 3600.0,
+        max_call_wait_s: float,
         bounds: FieldBounds | None = None,
         observer: ServiceObserver | None = None,
         tracer: SubmitTracer | None = None,
-        stream_limits: StreamLimits | None = None,
+        stream_limits: StreamView | None = None,
         principals: Principals | None = None,
         max_compare_passes_per_principal: int | None = None,
     ) -> None:
@@ -100,7 +104,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self._bounds = bounds
         self._observer: ServiceObserver = observer or NullServiceObserver()
         self._tracer: SubmitTracer = tracer or NullSubmitTracer()
-        self._stream_limits = stream_limits or StreamLimits()
+        self._stream_limits: StreamView = stream_limits or Settings()
         self._principals = principals or Principals()
         self._compare_quota = max_compare_passes_per_principal
         #: Judge passes of the Compare calls in flight, per principal (no zero entries).
@@ -470,7 +474,7 @@ class _GroupStream:
         group = self._groups.get(progress.key)
         if group is None:
             return
-        if len(self._out) >= self._limits.max_buffered_events:
+        if len(self._out) >= self._limits.stream_max_buffered_events:
             self.progress_dropped += 1
             return
         self._push(
@@ -534,14 +538,14 @@ class _GroupStream:
 
     def _over_bounds(self, sub: Submission, cost: int) -> Rejection | None:
         limits = self._limits
-        if self._held_bytes + cost > limits.max_held_bytes:
-            what, limit = "this stream", f"stream_max_held_bytes={limits.max_held_bytes}"
+        if self._held_bytes + cost > limits.stream_max_held_bytes:
+            what, limit = "this stream", f"stream_max_held_bytes={limits.stream_max_held_bytes}"
         elif (
             self._servicer.held_by_connection.get(self._peer, 0) + cost
-            > limits.max_connection_held_bytes
+            > limits.connection_max_held_bytes
         ):
             what = "this connection's streams"
-            limit = f"connection_max_held_bytes={limits.max_connection_held_bytes}"
+            limit = f"connection_max_held_bytes={limits.connection_max_held_bytes}"
         else:
             return None
         return Rejection(
@@ -595,7 +599,7 @@ class _GroupStream:
             self._wake.set()  # possibly the last outcome: let the writer finish
 
     async def _read(self) -> None:
-        limit = self._limits.max_buffered_events
+        limit = self._limits.stream_max_buffered_events
         try:
             async for request in self._requests:
                 self._handle(request)
@@ -611,7 +615,7 @@ class _GroupStream:
     async def run(self, write: Callable[[pb.StreamGroupsResponse], Awaitable[None]]) -> None:
         """Write events as the client takes them until every outcome is out (or it leaves)."""
         reader = asyncio.create_task(self._read())
-        limit = self._limits.max_buffered_events
+        limit = self._limits.stream_max_buffered_events
         out = self._out
         try:
             while True:

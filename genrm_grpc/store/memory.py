@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from genrm_grpc.cohort.model import CohortKey, Tombstone
 
@@ -25,10 +26,19 @@ def _key(key: CohortKey) -> _Key:
     return (key.group_id, key.legacy_key, key.attempt, key.principal)
 
 
+class StoreView(Protocol):
+    """The settings the store reads (a scoped view; ``Settings`` satisfies it)."""
+
+    @property
+    def cohort_result_ttl_s(self) -> float: ...
+    @property
+    def max_terminal_cohorts(self) -> int: ...
+
+
 class MemoryStore:
-    def __init__(self, *, ttl_s: float, max_records: int) -> None:
-        self._ttl = ttl_s
-        self._max = max_records
+    def __init__(self, config: StoreView) -> None:
+        self._ttl = config.cohort_result_ttl_s
+        self._max = config.max_terminal_cohorts
         self._tombstones: OrderedDict[_Key, tuple[float, bytes]] = OrderedDict()
         self._watermarks: OrderedDict[str, tuple[float, int]] = OrderedDict()
 
@@ -71,7 +81,7 @@ class MemoryStore:
         marks = self._watermarks
         # A pinned watermark (its group has an active cohort) is refreshed and moved to
         # the end rather than dropped. Only a few are moved per call: with more active
-        # groups than ``max_records`` an unbounded loop would rotate all of them on every
+        # groups than ``max_terminal_cohorts`` an unbounded loop would rotate all of them on every
         # request. Unpinned ones are dropped as they reach the front, so the surplus
         # still drains, and each drop is paid for by the insertion that made it.
         rotations = 0

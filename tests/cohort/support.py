@@ -15,7 +15,8 @@ from genrm_grpc.cohort.model import (
     Rejection,
     Submission,
 )
-from genrm_grpc.cohort.registry import CohortRegistry, RegistryConfig
+from genrm_grpc.cohort.registry import CohortRegistry
+from genrm_grpc.config import Settings
 from genrm_grpc.store.memory import MemoryStore
 
 PROMPT = PromptSpec(messages=(("system", "Be brief."), ("user", "Name the largest planet.")))
@@ -99,15 +100,15 @@ def registry(
     ttl_s: float = 3600.0,
     max_records: int = 4096,
 ) -> tuple[CohortRegistry, MemoryStore]:
-    store = MemoryStore(ttl_s=ttl_s, max_records=max_records)
-    reg = CohortRegistry(
-        RegistryConfig(
-            collection_timeout_s=collection_s,
-            evaluation_timeout_s=evaluation_s,
-            max_active_cohorts=max_active,
-        ),
-        store,
+    settings = Settings(
+        cohort_collection_timeout_s=collection_s,
+        cohort_evaluation_timeout_s=evaluation_s,
+        max_active_cohorts=max_active,
+        cohort_result_ttl_s=ttl_s,
+        max_terminal_cohorts=max_records,
     )
+    store = MemoryStore(settings)
+    reg = CohortRegistry(settings, store)
     return reg, store
 
 

@@ -28,6 +28,7 @@ from genrm_grpc.cohort.model import (
     Tombstone,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
+from genrm_grpc.config import Settings
 from genrm_grpc.scoring.types import AnswerTexts
 from genrm_grpc.store.memory import MemoryStore
 
@@ -769,7 +770,7 @@ def _requests(reg: CohortRegistry, n: int, now: float) -> int:
 
 @pytest.mark.parametrize("retained", [5_000, 50_000])
 def test_cost_per_request_stays_flat_with_many_retained_cohorts(retained: int) -> None:
-    store = MemoryStore(ttl_s=3600.0, max_records=retained)
+    store = MemoryStore(Settings(max_terminal_cohorts=retained))
     counting = CountingStore(store)
     reg = CohortRegistry(registry()[0].config, counting)
     _prefill(store, retained, T0)

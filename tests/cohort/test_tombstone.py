@@ -16,6 +16,7 @@ from genrm_grpc.cohort.model import (
     MemberReward,
     Tombstone,
 )
+from genrm_grpc.config import Settings
 from genrm_grpc.scoring.types import JudgedPair, Verdict
 from genrm_grpc.store.memory import MemoryStore
 
@@ -111,7 +112,7 @@ def test_retained_tombstones_leave_nothing_for_the_cyclic_gc_to_walk() -> None:
         judged=tuple(JudgedPair(k, (k + 1) % 4, 0, Verdict(4.0, 3.0, 3.0)) for k in range(4)),
     )
     digests = {k: hashlib.sha256(bytes([k])).hexdigest() for k in range(4)}
-    store = MemoryStore(ttl_s=1e9, max_records=10_000)
+    store = MemoryStore(Settings(cohort_result_ttl_s=1e9, max_terminal_cohorts=10_000))
     gc.collect()
     before = len(gc.get_objects())
     for n in range(2_000):
@@ -140,7 +141,7 @@ def test_comparisons_by_member_equals_comparisons_of_for_every_member() -> None:
 
 
 def test_tombstones_of_two_principals_with_the_same_group_id_never_meet() -> None:
-    store = MemoryStore(ttl_s=60.0, max_records=10)
+    store = MemoryStore(Settings(cohort_result_ttl_s=60.0, max_terminal_cohorts=10))
     alice = CohortKey("shared-id", None, 0, "alice")
     bob = CohortKey("shared-id", None, 0, "bob")
     store.put_tombstone(Tombstone(alice, 1, "p", {}, Failed("alice's"), 1.0), 1.0)

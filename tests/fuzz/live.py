@@ -174,7 +174,7 @@ class LiveServer:
     @property
     def scoring(self) -> Any:
         assert self.server is not None
-        return self.server.settings.scoring_params()
+        return self.server.settings
 
     def raw(self, method: str) -> Any:
         """A call that sends arbitrary bytes and returns raw bytes (identity serializers)."""

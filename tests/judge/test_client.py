@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import (
     MAX_REASON_CHARS,
     JudgeClient,
-    JudgeClientConfig,
     JudgeFailedError,
     JudgeInput,
     JudgeOutcome,
@@ -30,6 +30,7 @@ from genrm_grpc.judge.client import (
 )
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer, fake_verdict, pair_key
+from tests.judge.views import judge_settings
 
 PROMPT = "Name the largest planet in the solar system."
 ANSWER_A = "Jupiter is the largest planet in the solar system, more massive than all others."
@@ -67,17 +68,18 @@ def fake() -> Iterator[FakeJudgeServer]:
         yield server
 
 
-def config_for(server: FakeJudgeServer, **overrides: Any) -> JudgeClientConfig:
-    base = JudgeClientConfig(
-        url=server.url,
-        api="responses",
-        model="genrm",
-        request_timeout_s=10.0,
-        parse_retries=3,
-        retry_sleep_s=0.1,
-        max_retry_sleep_s=1.0,
-    )
-    return replace(base, **overrides)
+def config_for(server: FakeJudgeServer, **overrides: Any) -> Settings:
+    keys: dict[str, Any] = {
+        "url": server.url,
+        "api": "responses",
+        "model": "genrm",
+        "judge_request_timeout_s": 10.0,
+        "genrm_parse_retries": 3,
+        "genrm_parse_retry_sleep_s": 0.1,
+        "max_retry_sleep_s": 1.0,
+        **overrides,
+    }
+    return judge_settings(keys.pop("url"), **keys)
 
 
 async def judge_once(
@@ -173,9 +175,10 @@ async def test_swap_sends_answers_in_swapped_order_and_maps_the_verdict_back(
 
 
 async def test_authorization_header_is_sent_only_when_an_api_key_is_set(
-    fake: FakeJudgeServer,
+    fake: FakeJudgeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await judge_once(fake, api_key="sk-test-123")
+    monkeypatch.setenv("JUDGE_TEST_API_KEY", "sk-test-123")
+    await judge_once(fake, api_key_env="JUDGE_TEST_API_KEY")
     assert fake.stats()["last_authorization"] == "Bearer sk-test-123"
 
     await judge_once(fake)
@@ -202,7 +205,11 @@ async def test_retry_after_on_429_sets_a_floor_under_the_backoff_wait() -> None:
     config = FakeJudgeConfig(fail_429_first_n=2, retry_after_s=4)
     with FakeJudgeServer(config) as fake:
         outcome = await judge_once(
-            fake, sleep=sleep, random=lambda: 0.0, retry_sleep_s=0.01, max_retry_sleep_s=10.0
+            fake,
+            sleep=sleep,
+            random=lambda: 0.0,
+            genrm_parse_retry_sleep_s=0.01,
+            max_retry_sleep_s=10.0,
         )
 
     assert outcome.attempts == 3
@@ -225,8 +232,8 @@ async def test_backoff_doubles_from_the_first_sleep_up_to_the_cap() -> None:
             fake,
             sleep=sleep,
             random=lambda: 1.0,
-            parse_retries=5,
-            retry_sleep_s=0.1,
+            genrm_parse_retries=5,
+            genrm_parse_retry_sleep_s=0.1,
             max_retry_sleep_s=0.5,
         )
 
@@ -238,7 +245,11 @@ async def test_backoff_jitter_scales_each_wait_below_its_ceiling() -> None:
     sleep = SleepRecorder()
     with FakeJudgeServer(FakeJudgeConfig(fail_503_rate=1.0)) as fake:
         await expect_failure(
-            fake, sleep=sleep, random=lambda: next(draws), retry_sleep_s=1.0, max_retry_sleep_s=60
+            fake,
+            sleep=sleep,
+            random=lambda: next(draws),
+            genrm_parse_retry_sleep_s=1.0,
+            max_retry_sleep_s=60,
         )
 
     assert sleep.waits == pytest.approx([0.25 * 1.0, 0.5 * 2.0, 0.75 * 4.0])
@@ -261,7 +272,7 @@ async def test_interrupted_or_unusable_answers_are_retried(fault: str) -> None:
 async def test_one_retry_budget_is_shared_by_different_failure_kinds() -> None:
     config = FakeJudgeConfig(reset_first_n=1, fail_503_first_n=2, malformed_first_n=3)
     with FakeJudgeServer(config) as fake:
-        outcome = await judge_once(fake, parse_retries=3)
+        outcome = await judge_once(fake, genrm_parse_retries=3)
         stats = fake.stats()
 
     assert outcome.attempts == 4
@@ -295,7 +306,7 @@ async def test_each_retried_attempt_logs_one_structured_warning(
 
 async def test_malformed_answers_exhaust_the_budget_then_fall_back_to_the_default_verdict() -> None:
     with FakeJudgeServer(FakeJudgeConfig(malformed_rate=1.0)) as fake:
-        outcome = await judge_once(fake, parse_retries=3)
+        outcome = await judge_once(fake, genrm_parse_retries=3)
         stats = fake.stats()
 
     assert outcome.verdict == DEFAULT_VERDICT
@@ -306,7 +317,9 @@ async def test_malformed_answers_exhaust_the_budget_then_fall_back_to_the_defaul
 
 async def test_default_verdict_uses_the_configured_defaults() -> None:
     with FakeJudgeServer(FakeJudgeConfig(malformed_rate=1.0)) as fake:
-        outcome = await judge_once(fake, parse_retries=0, default_score=2.0, default_ranking=4.0)
+        outcome = await judge_once(
+            fake, genrm_parse_retries=0, default_score=2.0, default_ranking=4.0
+        )
 
     assert outcome.verdict == Verdict(2.0, 2.0, 4.0, parse_failed=True)
     assert outcome.attempts == 1
@@ -315,7 +328,7 @@ async def test_default_verdict_uses_the_configured_defaults() -> None:
 async def test_budget_exhaustion_then_a_malformed_last_answer_still_falls_back() -> None:
     config = FakeJudgeConfig(budget_exhaust_first_n=2, malformed_rate=1.0)
     with FakeJudgeServer(config) as fake:
-        outcome = await judge_once(fake, parse_retries=2)
+        outcome = await judge_once(fake, genrm_parse_retries=2)
 
     assert outcome.verdict == DEFAULT_VERDICT
     assert outcome.attempts == 3
@@ -326,7 +339,7 @@ async def test_malformed_then_budget_exhausted_twice_falls_back_like_the_reverse
     # must not depend on what followed it.
     config = FakeJudgeConfig(malformed_first_n=1, budget_exhaust_rate=1.0)
     with FakeJudgeServer(config) as fake:
-        outcome = await judge_once(fake, parse_retries=2)
+        outcome = await judge_once(fake, genrm_parse_retries=2)
         stats = fake.stats()
 
     assert stats["by_outcome"] == {"malformed": 1, "budget_exhaust": 2}
@@ -337,7 +350,7 @@ async def test_malformed_then_budget_exhausted_twice_falls_back_like_the_reverse
 async def test_an_empty_last_answer_after_a_malformed_one_still_falls_back() -> None:
     config = FakeJudgeConfig(malformed_first_n=1, empty_rate=1.0)
     with FakeJudgeServer(config) as fake:
-        outcome = await judge_once(fake, parse_retries=1)
+        outcome = await judge_once(fake, genrm_parse_retries=1)
         stats = fake.stats()
 
     assert stats["by_outcome"] == {"malformed": 1, "empty": 1}
@@ -361,7 +374,7 @@ async def test_an_incomplete_last_answer_after_malformed_ones_falls_back() -> No
 async def test_transport_and_http_failures_around_no_completed_answer_are_masked() -> None:
     config = FakeJudgeConfig(reset_first_n=1, fail_503_first_n=2, budget_exhaust_rate=1.0)
     with FakeJudgeServer(config) as fake:
-        error = await expect_failure(fake, parse_retries=3, max_output_tokens=300)
+        error = await expect_failure(fake, genrm_parse_retries=3, max_output_tokens=300)
         stats = fake.stats()
 
     assert stats["by_outcome"] == {"reset": 1, "fail_503": 1, "budget_exhaust": 2}
@@ -401,7 +414,7 @@ async def test_persistent_503_exhausts_the_budget_and_fails_with_the_last_status
 
 async def test_empty_last_answer_is_a_judge_failure_not_a_default_verdict() -> None:
     with FakeJudgeServer(FakeJudgeConfig(empty_rate=1.0)) as fake:
-        error = await expect_failure(fake, parse_retries=1)
+        error = await expect_failure(fake, genrm_parse_retries=1)
 
     assert "completed answer is empty" in error.reason
 
@@ -428,7 +441,7 @@ async def test_hung_judge_hits_the_request_deadline_and_fails_promptly() -> None
     sleep = SleepRecorder()
     with FakeJudgeServer(FakeJudgeConfig(hang_rate=1.0)) as fake:
         started = time.monotonic()
-        error = await expect_failure(fake, sleep=sleep, request_timeout_s=0.3)
+        error = await expect_failure(fake, sleep=sleep, judge_request_timeout_s=0.3)
         elapsed = time.monotonic() - started
         total = fake.stats()["total"]
 
@@ -445,7 +458,7 @@ async def test_deadline_after_budget_exhaustion_still_reports_the_output_budget(
             fake.set_faults(hang_rate=1.0)
 
         error = await expect_failure(
-            fake, sleep=SleepRecorder(then_hang), request_timeout_s=0.3, max_output_tokens=128
+            fake, sleep=SleepRecorder(then_hang), judge_request_timeout_s=0.3, max_output_tokens=128
         )
 
     assert "deadline expired" in error.reason
@@ -457,10 +470,8 @@ async def test_deadline_after_budget_exhaustion_still_reports_the_output_budget(
 async def test_unreachable_judge_is_a_judge_failure_after_the_budget() -> None:
     with FakeJudgeServer() as fake:
         url = fake.url  # the port is free again once the fake stops
-    config = JudgeClientConfig(
-        url=url, api="responses", model="genrm", parse_retries=1, connect_retries=0
-    )
-    async with JudgeClient(config, sleep=SleepRecorder()) as client:
+    config = judge_settings(url, api="responses", model="genrm", genrm_parse_retries=1)
+    async with JudgeClient(config, connect_retries=0, sleep=SleepRecorder()) as client:
         with pytest.raises(JudgeFailedError) as excinfo:
             await client.judge(INPUT)
 
@@ -474,8 +485,8 @@ async def test_unreachable_judge_is_a_judge_failure_after_the_budget() -> None:
 
 async def test_usage_is_summed_over_every_attempt_of_a_comparison() -> None:
     with FakeJudgeServer(FakeJudgeConfig(malformed_rate=1.0)) as fake:
-        single = await judge_once(fake, parse_retries=0)
-        triple = await judge_once(fake, parse_retries=2)
+        single = await judge_once(fake, genrm_parse_retries=0)
+        triple = await judge_once(fake, genrm_parse_retries=2)
 
     assert single.usage is not None
     assert single.usage.input_tokens > 0
@@ -539,19 +550,23 @@ def test_failure_reasons_are_truncated_to_the_protocol_limit() -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        {"url": "127.0.0.1:8000"},
-        {"request_timeout_s": 0.0},
-        {"request_timeout_s": float("inf")},
-        {"parse_retries": -1},
-        {"retry_sleep_s": float("nan")},
-        {"max_connections": 0},
-        {"max_output_tokens": 0},
+        {"judge": {"url": "127.0.0.1:8000"}},
+        {"judge_request_timeout_s": 0.0},
+        {"judge_request_timeout_s": float("inf")},
+        {"genrm_parse_retries": -1},
+        {"genrm_parse_retry_sleep_s": float("nan")},
+        {"judge": {"max_connections": 0}},
+        {"judge": {"max_output_tokens": 0}},
     ],
 )
 def test_config_rejects_invalid_settings(bad: dict[str, Any]) -> None:
-    settings: dict[str, Any] = {"url": "http://127.0.0.1:8000", "api": "responses", "model": "m"}
     with pytest.raises(ValueError):
-        JudgeClientConfig(**{**settings, **bad})
+        Settings(**bad)
+
+
+def test_a_negative_connect_retry_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="connect_retries"):
+        JudgeClient(judge_settings("http://127.0.0.1:8000"), connect_retries=-1)
 
 
 # -- logging ----------------------------------------------------------------------------

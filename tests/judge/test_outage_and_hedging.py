@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig, JudgeFailedError, JudgeInput
+from genrm_grpc.config import Settings
+from genrm_grpc.judge.client import JudgeClient, JudgeFailedError, JudgeInput
 from tests.judge.processes import FakeJudgeProcess
+from tests.judge.views import judge_settings
 
 INPUT = JudgeInput(
     messages=(("user", "Name the largest planet."),),
@@ -42,18 +44,17 @@ class Waits:
             await self._hook(len(self.waits))
 
 
-def _config(url: str, **overrides: Any) -> JudgeClientConfig:
+def _config(url: str, **overrides: Any) -> Settings:
+    """The clients of this module also get ``connect_retries=0``."""
     settings: dict[str, Any] = {
-        "url": url,
         "api": "responses",
         "model": "genrm",
-        "parse_retries": 1,
-        "connect_retries": 0,
-        "retry_sleep_s": 0.1,
+        "genrm_parse_retries": 1,
+        "genrm_parse_retry_sleep_s": 0.1,
         "max_retry_sleep_s": 0.4,
-        "request_timeout_s": 10.0,
+        "judge_request_timeout_s": 10.0,
     }
-    return JudgeClientConfig(**{**settings, **overrides})
+    return judge_settings(url, **{**settings, **overrides})
 
 
 @pytest.fixture
@@ -73,9 +74,9 @@ async def _restart_scenario(judge: FakeJudgeProcess, tolerance: float) -> tuple[
             await asyncio.to_thread(judge.start)
 
     waits = Waits(restart_on_third_wait)
-    config = _config(judge.url, outage_tolerance_s=tolerance)
+    config = _config(judge.url, judge_outage_tolerance_s=tolerance)
     async with JudgeClient(
-        config, sleep=waits.sleep, clock=waits.clock, random=lambda: 1.0
+        config, connect_retries=0, sleep=waits.sleep, clock=waits.clock, random=lambda: 1.0
     ) as client:
         first = await client.judge(INPUT)  # leaves a keep-alive connection in the pool
         assert first.attempts == 1
@@ -95,7 +96,7 @@ async def test_outage_tolerance_rides_out_a_judge_restart_without_spending_the_b
     assert not isinstance(outcome, JudgeFailedError)
     assert not outcome.verdict.parse_failed
     # 3 failed attempts while the judge was down, then the answer: more attempts than
-    # the budget of parse_retries=1 (2 attempts) allows.
+    # the budget of genrm_parse_retries=1 (2 attempts) allows.
     assert outcome.attempts == 4
     assert len(waits.waits) == 3
     assert judge.stats()["by_outcome"] == {"ok": 1}
@@ -114,9 +115,11 @@ async def test_without_outage_tolerance_a_judge_restart_masks_after_the_budget(
 async def test_outage_retries_spend_the_budget_once_the_window_is_over() -> None:
     down = FakeJudgeProcess()  # never started: nothing listens on its port
     waits = Waits()
-    config = _config(down.url, outage_tolerance_s=1.0, retry_sleep_s=0.6, max_retry_sleep_s=0.6)
+    config = _config(
+        down.url, judge_outage_tolerance_s=1.0, genrm_parse_retry_sleep_s=0.6, max_retry_sleep_s=0.6
+    )
     async with JudgeClient(
-        config, sleep=waits.sleep, clock=waits.clock, random=lambda: 1.0
+        config, connect_retries=0, sleep=waits.sleep, clock=waits.clock, random=lambda: 1.0
     ) as client:
         with pytest.raises(JudgeFailedError) as excinfo:
             await client.judge(INPUT)
@@ -130,8 +133,10 @@ async def test_outage_retries_spend_the_budget_once_the_window_is_over() -> None
 async def test_http_503_bursts_are_covered_by_the_outage_tolerance() -> None:
     with FakeJudgeProcess(None, "--fail-503-first-n", "3") as judge:
         waits = Waits()
-        config = _config(judge.url, parse_retries=0, outage_tolerance_s=30.0)
-        async with JudgeClient(config, sleep=waits.sleep, clock=waits.clock) as client:
+        config = _config(judge.url, genrm_parse_retries=0, judge_outage_tolerance_s=30.0)
+        async with JudgeClient(
+            config, connect_retries=0, sleep=waits.sleep, clock=waits.clock
+        ) as client:
             outcome = await client.judge(INPUT)
         stats = judge.stats()
 
@@ -142,8 +147,15 @@ async def test_http_503_bursts_are_covered_by_the_outage_tolerance() -> None:
 async def test_a_timed_out_request_is_retried_within_the_outage_tolerance() -> None:
     with FakeJudgeProcess(None, "--hang-first-n", "1") as judge:
         waits = Waits()
-        config = _config(judge.url, parse_retries=0, outage_tolerance_s=30.0, request_timeout_s=0.3)
-        async with JudgeClient(config, sleep=waits.sleep, clock=waits.clock) as client:
+        config = _config(
+            judge.url,
+            genrm_parse_retries=0,
+            judge_outage_tolerance_s=30.0,
+            judge_request_timeout_s=0.3,
+        )
+        async with JudgeClient(
+            config, connect_retries=0, sleep=waits.sleep, clock=waits.clock
+        ) as client:
             outcome = await client.judge(INPUT)
         stats = judge.stats()
 
@@ -155,8 +167,12 @@ async def test_a_timed_out_request_is_retried_within_the_outage_tolerance() -> N
 async def test_a_hung_request_is_hedged_and_the_hedge_answers() -> None:
     hedges: list[int] = []
     with FakeJudgeProcess(None, "--hang-first-n", "1") as judge:
-        config = _config(judge.url, parse_retries=0, hedge_after_s=0.2, request_timeout_s=30.0)
-        async with JudgeClient(config, on_hedge=lambda: hedges.append(1)) as client:
+        config = _config(
+            judge.url, genrm_parse_retries=0, judge_hedge_after_s=0.2, judge_request_timeout_s=30.0
+        )
+        async with JudgeClient(
+            config, connect_retries=0, on_hedge=lambda: hedges.append(1)
+        ) as client:
             outcome = await client.judge(INPUT)
         stats = judge.stats()
 
@@ -169,8 +185,8 @@ async def test_a_hung_request_is_hedged_and_the_hedge_answers() -> None:
 
 async def test_a_prompt_answer_is_not_hedged(judge: FakeJudgeProcess) -> None:
     hedges: list[int] = []
-    config = _config(judge.url, hedge_after_s=5.0)
-    async with JudgeClient(config, on_hedge=lambda: hedges.append(1)) as client:
+    config = _config(judge.url, judge_hedge_after_s=5.0)
+    async with JudgeClient(config, connect_retries=0, on_hedge=lambda: hedges.append(1)) as client:
         outcome = await client.judge(INPUT)
 
     assert outcome.attempts == 1

@@ -12,9 +12,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig, JudgeFailedError, JudgeInput
+from genrm_grpc.judge.client import JudgeClient, JudgeFailedError, JudgeInput
 from genrm_grpc.judge.readiness import JudgeMonitor, JudgeReadiness
 from tests.judge.processes import FakeJudgeProcess, ServerProcess, free_port
+from tests.judge.views import judge_settings
 
 SERVICE = "genrm.cohort.v1.CohortService"
 
@@ -66,7 +67,7 @@ async def test_monitor_reports_not_ready_after_the_window_and_ready_when_the_jud
         if changes == [False] and judge.proc is None:
             await asyncio.to_thread(judge.start)
 
-    config = JudgeClientConfig(url=judge.url, api="responses", model="genrm")
+    config = judge_settings(judge.url, api="responses", model="genrm")
     async with JudgeClient(config) as client:
         monitor = JudgeMonitor(
             client,
@@ -98,14 +99,10 @@ async def test_monitor_reports_not_ready_after_the_window_and_ready_when_the_jud
 async def test_traffic_failures_alone_make_the_judge_unready_with_probes_off() -> None:
     clock = ManualClock()
     readiness = JudgeReadiness(2.0, clock=clock)
-    config = JudgeClientConfig(
-        url=f"http://127.0.0.1:{free_port()}",
-        api="responses",
-        model="genrm",
-        parse_retries=0,
-        connect_retries=0,
+    config = judge_settings(
+        f"http://127.0.0.1:{free_port()}", api="responses", model="genrm", genrm_parse_retries=0
     )
-    async with JudgeClient(config, reachability=readiness) as client:
+    async with JudgeClient(config, connect_retries=0, reachability=readiness) as client:
         with pytest.raises(JudgeFailedError, match="cannot connect"):
             await client.judge(JudgeInput((("user", "hi"),), "a", "b"))
     assert not readiness.reachable
@@ -187,7 +184,7 @@ async def test_with_the_probe_off_the_start_up_line_names_the_judge_and_nothing_
         changes.append(ready)
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens: a probe would fail
-    async with JudgeClient(JudgeClientConfig(url=url, api="responses", model="m")) as client:
+    async with JudgeClient(judge_settings(url, api="responses", model="m")) as client:
         monitor = JudgeMonitor(
             client, readiness, probe="off", probe_timeout_s=5.0, on_change=on_change
         )

@@ -13,9 +13,10 @@ from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient, CohortError
 
 from genrm_grpc.config import ConfigError, load_settings
-from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig, JudgeFailedError, JudgeInput
+from genrm_grpc.judge.client import JudgeClient, JudgeFailedError, JudgeInput
 from genrm_grpc.judge.redact import Redactor, redact_url, split_userinfo
 from tests.judge.processes import FakeJudgeProcess, ServerProcess, free_port
+from tests.judge.views import judge_settings
 
 SECRET = "s3cr3t-Pa55"
 INPUT = JudgeInput(
@@ -56,7 +57,7 @@ async def test_user_info_is_sent_as_basic_auth_and_never_in_reasons_or_logs(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     url = failing_judge.url.replace("http://", f"http://bob:{SECRET}@")
-    config = JudgeClientConfig(url=url, api="responses", model="genrm", parse_retries=2)
+    config = judge_settings(url, api="responses", model="genrm", genrm_parse_retries=2)
 
     async def no_sleep(_seconds: float) -> None:
         return None
@@ -81,14 +82,12 @@ async def test_an_unreachable_judge_with_a_password_leaks_it_nowhere(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     url = f"http://bob:{SECRET}@127.0.0.1:{free_port()}"
-    config = JudgeClientConfig(
-        url=url, api="chat_completions", model="genrm", parse_retries=1, connect_retries=0
-    )
+    config = judge_settings(url, api="chat_completions", model="genrm", genrm_parse_retries=1)
 
     async def no_sleep(_seconds: float) -> None:
         return None
 
-    async with JudgeClient(config, sleep=no_sleep) as client:
+    async with JudgeClient(config, connect_retries=0, sleep=no_sleep) as client:
         with pytest.raises(JudgeFailedError) as excinfo:
             await client.judge(INPUT)
         probe = await client.probe(2.0)
@@ -100,8 +99,8 @@ async def test_an_unreachable_judge_with_a_password_leaks_it_nowhere(
 
 
 def test_config_errors_do_not_echo_the_password() -> None:
-    with pytest.raises(ValueError) as excinfo:
-        JudgeClientConfig(url=f"ftp://bob:{SECRET}@judge", api="responses", model="m")
+    with pytest.raises(ConfigError) as excinfo:
+        load_settings(judge={"url": f"ftp://bob:{SECRET}@judge"}, strict_env=False)
     assert SECRET not in str(excinfo.value)
 
 

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig, JudgeInput
+from genrm_grpc.config import Settings
+from genrm_grpc.judge.client import JudgeClient, JudgeInput
 from tests.judge.processes import FakeJudgeProcess
+from tests.judge.views import judge_settings
 
 INPUT = JudgeInput(
     messages=(("user", "Name the largest planet."),),
@@ -25,9 +27,14 @@ async def _no_sleep(_seconds: float) -> None:
     return None
 
 
-def _config(url: str, **overrides: Any) -> JudgeClientConfig:
-    settings: dict[str, Any] = {"url": url, "api": "responses", "model": "genrm"}
-    return JudgeClientConfig(**{**settings, **overrides})
+def _config(url: str, *, max_response_bytes: int | None = None, **overrides: Any) -> Settings:
+    settings = judge_settings(url, **{"api": "responses", "model": "genrm", **overrides})
+    if max_response_bytes is None:
+        return settings
+    # Below the 1024-byte floor of judge.max_response_bytes on purpose: the fake judge's
+    # answers are a few hundred bytes. model_copy skips validation; the client reads it.
+    judge = settings.judge.model_copy(update={"max_response_bytes": max_response_bytes})
+    return settings.model_copy(update={"judge": judge})
 
 
 class CountingExecutor(concurrent.futures.ThreadPoolExecutor):
@@ -61,7 +68,7 @@ async def test_an_answer_over_max_response_bytes_fails_like_an_unparseable_one(
     judge: FakeJudgeProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="genrm_grpc.judge.client")
-    config = _config(judge.url, parse_retries=2, max_response_bytes=200)
+    config = _config(judge.url, genrm_parse_retries=2, max_response_bytes=200)
     async with JudgeClient(config, sleep=_no_sleep) as client:
         outcome = await client.judge(INPUT)
 
@@ -85,8 +92,8 @@ async def test_an_oversized_answer_then_transport_failures_still_falls_back() ->
                 await asyncio.to_thread(process.stop)
                 down.append(process)
 
-        config = _config(url, parse_retries=2, max_response_bytes=200, connect_retries=0)
-        async with JudgeClient(config, sleep=stop_judge) as client:
+        config = _config(url, genrm_parse_retries=2, max_response_bytes=200)
+        async with JudgeClient(config, connect_retries=0, sleep=stop_judge) as client:
             outcome = await client.judge(INPUT)
 
     assert outcome.attempts == 3
@@ -127,7 +134,7 @@ async def test_an_unparseable_large_answer_is_parsed_off_the_loop_too(
     executor = CountingExecutor()
     try:
         async with JudgeClient(
-            _config(malformed_judge.url, parse_retries=1),
+            _config(malformed_judge.url, genrm_parse_retries=1),
             offload_bytes=100,
             executor=executor,
             sleep=_no_sleep,
@@ -142,7 +149,7 @@ async def test_an_unparseable_large_answer_is_parsed_off_the_loop_too(
 
 def test_max_response_bytes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_response_bytes"):
-        _config("http://127.0.0.1:1", max_response_bytes=0)
+        judge_settings("http://127.0.0.1:1", max_response_bytes=0)
 
 
 async def test_a_chunked_body_without_content_length_is_cut_off_at_the_cap() -> None:
@@ -170,7 +177,9 @@ async def test_a_chunked_body_without_content_length_is_cut_off_at_the_cap() -> 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        config = _config(f"http://127.0.0.1:{port}", parse_retries=0, max_response_bytes=64 * 1024)
+        config = _config(
+            f"http://127.0.0.1:{port}", genrm_parse_retries=0, max_response_bytes=64 * 1024
+        )
         async with JudgeClient(config, sleep=_no_sleep) as client:
             outcome = await client.judge(INPUT)
         await asyncio.wait_for(served.wait(), 30)

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from genrm_grpc.judge.client import JudgeClient, JudgeClientConfig, JudgeFailedError, JudgeInput
+from genrm_grpc.judge.client import JudgeClient, JudgeFailedError, JudgeInput
 from genrm_grpc.observability.metrics import ServerMetrics
 from tests.judge.processes import FakeJudgeProcess
+from tests.judge.views import judge_settings
 
 INPUT = JudgeInput((("user", "Name a prime."),), "Seven.", "Four.")
 
@@ -24,7 +25,7 @@ def _client(judge: FakeJudgeProcess, metrics: ServerMetrics, **config: Any) -> J
         return None
 
     return JudgeClient(
-        JudgeClientConfig(url=judge.url, api="responses", model="genrm", **config),
+        judge_settings(judge.url, api="responses", model="genrm", **config),
         sleep=no_sleep,
         observer=metrics,
     )
@@ -55,7 +56,7 @@ async def test_retried_then_ok_counts_each_attempt_and_one_comparison() -> None:
 async def test_unparseable_answers_end_in_the_default_verdict() -> None:
     metrics = ServerMetrics()
     with FakeJudgeProcess(None, "--malformed-rate", "1") as judge:
-        async with _client(judge, metrics, parse_retries=1) as client:
+        async with _client(judge, metrics, genrm_parse_retries=1) as client:
             out = await client.judge(INPUT)
     assert out.verdict.parse_failed
     assert _value(metrics, "genrm_judge_requests_total", outcome="unparseable") == 2
@@ -73,7 +74,7 @@ async def test_final_failures_are_counted_by_kind() -> None:
     assert _value(metrics, "genrm_judge_comparisons_total", outcome="failed") == 1
 
     with FakeJudgeProcess(None, "--hang-rate", "1") as judge:
-        async with _client(judge, metrics, request_timeout_s=0.2) as client:
+        async with _client(judge, metrics, judge_request_timeout_s=0.2) as client:
             with pytest.raises(JudgeFailedError):
                 await client.judge(INPUT)
     assert _value(metrics, "genrm_judge_requests_total", outcome="deadline") == 1

@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from genrm_grpc.cohort.identity import CandidateInput, ComparisonMode, resolve
 from genrm_grpc.cohort.model import Cohort, MemberCoords, PromptSpec, Submission
-from genrm_grpc.cohort.registry import CohortRegistry, RegistryConfig
+from genrm_grpc.cohort.registry import CohortRegistry
+from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
-from genrm_grpc.runtime.engine import CohortRuntime, JudgeSchedule, RuntimeConfig
-from genrm_grpc.scoring.types import ScoringParams, Verdict
+from genrm_grpc.runtime.engine import CohortRuntime, JudgeSchedule
+from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.testing import ManualClock
 
@@ -150,29 +152,27 @@ def make_runtime(
     max_active: int = 1000,
     schedule: JudgeSchedule = "after_collection",
     concurrency: int = 64,
-    scoring: ScoringParams | None = None,
     mode: ComparisonMode = "rollout_cohort",
     position_debias: bool = False,
     max_queued_compare_passes: int = 4096,
+    **scoring: Any,
 ) -> CohortRuntime:
-    store = MemoryStore(ttl_s=3600.0, max_records=4096)
-    registry = CohortRegistry(
-        RegistryConfig(
-            collection_timeout_s=collection_s,
-            evaluation_timeout_s=evaluation_s,
-            max_active_cohorts=max_active,
-        ),
-        store,
-    )
-    config = RuntimeConfig(
+    """A runtime over one ``Settings``; ``scoring`` are further keys (scoring knobs)."""
+    settings = Settings(
+        cohort_collection_timeout_s=collection_s,
+        cohort_evaluation_timeout_s=evaluation_s,
+        max_active_cohorts=max_active,
         comparison_mode=mode,
         judge_schedule=schedule,
         judge_max_concurrency=concurrency,
-        scoring=scoring or ScoringParams(),
         position_debias=position_debias,
         max_queued_compare_passes=max_queued_compare_passes,
+        # No principle unless a test sets one: judge inputs stay as the tests spell them.
+        default_principle="",
+        **scoring,
     )
-    return CohortRuntime(registry, judge, config, clock=clock)
+    registry = CohortRegistry(settings, MemoryStore(settings))
+    return CohortRuntime(registry, judge, settings, clock=clock)
 
 
 async def until(predicate: Callable[[], bool], *, spins: int = 2000) -> None:

@@ -35,7 +35,6 @@ from genrm_grpc.scoring.types import (
     GroupScores,
     JudgedPair,
     MemberScore,
-    ScoringParams,
     Verdict,
 )
 from genrm_grpc.testing import ManualClock
@@ -111,8 +110,7 @@ def judged_from(calls: list[Call]) -> list[JudgedPair]:
 async def test_a_full_group_is_judged_once_per_pair_and_judge_and_published_together(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    params = ScoringParams(num_judges_per_comparison=2)
-    rt = make_runtime(judge, clock, scoring=params)
+    rt = make_runtime(judge, clock, num_judges_per_comparison=2)
     progress: list[PairProgress] = []
     tickets = [accepted(rt.submit(sub(i), on_progress=progress.append)) for i in range(2)]
     await settle()
@@ -151,7 +149,7 @@ async def test_a_full_group_is_judged_once_per_pair_and_judge_and_published_toge
 
     texts = [AnswerTexts("hmm", text("g", i)) for i in range(3)]
     judged = [JudgedPair(i, j, k, v) for (i, j, k), v in zip(plan, verdicts, strict=True)]
-    expected = aggregate(texts, judged, params)
+    expected = aggregate(texts, judged, rt.config)
     assert [r.reward for r in outcome.rewards] == [m.reward for m in expected.members]
     for k, reward in enumerate(outcome.rewards):
         assert reward.comparisons == tuple(p for p in judged if k in (p.response_i, p.response_j))
@@ -425,7 +423,7 @@ async def test_a_judge_failure_masks_everyone_and_cancels_the_other_comparisons(
 async def test_a_judge_failure_with_every_comparison_in_flight_cancels_them_all(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, scoring=ScoringParams(comparison_strategy="all_pairs"))
+    rt = make_runtime(judge, clock, comparison_strategy="all_pairs")
     tickets = fill(rt, size=4)
     cohort = cohort_of(rt, size=4)
     await until(lambda: len(judge.calls) == 6)
@@ -779,7 +777,7 @@ async def test_an_eager_failure_in_a_cohort_that_never_fills_is_not_logged_as_un
 async def test_a_group_of_one_gets_the_default_score_without_a_judge_call(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, scoring=ScoringParams(default_score=2.5))
+    rt = make_runtime(judge, clock, default_score=2.5)
     ticket = accepted(rt.submit(sub(0, size=1)))
     outcome = await ticket.waiter.wait()  # type: ignore[union-attr]
     assert isinstance(outcome, Completed)
@@ -793,8 +791,9 @@ async def test_a_group_of_one_gets_the_default_score_without_a_judge_call(
 async def test_judge_calls_stay_exact_under_a_storm_of_duplicates_and_reconnects(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    params = ScoringParams(comparison_strategy="all_pairs", num_judges_per_comparison=2)
-    rt = make_runtime(judge, clock, scoring=params, concurrency=5)
+    rt = make_runtime(
+        judge, clock, comparison_strategy="all_pairs", num_judges_per_comparison=2, concurrency=5
+    )
     survivors: list[Ticket] = []
     cancelled: list[asyncio.Task[Outcome]] = []
     for round_ in range(6):
@@ -828,7 +827,7 @@ async def test_judge_calls_stay_exact_under_a_storm_of_duplicates_and_reconnects
 async def test_progress_is_reported_per_pair_while_the_cohort_is_active(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, scoring=ScoringParams(num_judges_per_comparison=2))
+    rt = make_runtime(judge, clock, num_judges_per_comparison=2)
     seen: list[PairProgress] = []
     rt.submit(sub(0, size=2), on_progress=seen.append)
     rt.submit(sub(0, size=2), on_progress=seen.append)  # the same callback counts once
@@ -873,9 +872,7 @@ async def test_fixed_baseline_judges_every_member_against_the_baseline(
     from genrm_grpc.cohort.model import PromptSpec
 
     prompt = PromptSpec(PROMPT.messages, baseline_response="The baseline: Jupiter.")
-    rt = make_runtime(
-        judge, clock, mode="fixed_baseline", scoring=ScoringParams(num_judges_per_comparison=2)
-    )
+    rt = make_runtime(judge, clock, mode="fixed_baseline", num_judges_per_comparison=2)
     tickets = [
         accepted(rt.submit(sub(i, size=3, prompt=prompt, mode="fixed_baseline"))) for i in range(3)
     ]

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 
+from genrm_grpc.config import Settings
 from genrm_grpc.scoring import (
     AnswerTexts,
     JudgedPair,
-    ScoringParams,
     StyleCounts,
     Verdict,
     aggregate,
@@ -31,7 +31,7 @@ def _texts(n: int) -> list[AnswerTexts]:
 def _rewards(
     texts: Sequence[AnswerTexts], judged: Sequence[JudgedPair], **params: float
 ) -> list[float]:
-    scores = aggregate(texts, judged, ScoringParams(**params))  # type: ignore[arg-type]
+    scores = aggregate(texts, judged, Settings(**params))  # type: ignore[arg-type]
     return [member.reward for member in scores.members]
 
 
@@ -65,7 +65,7 @@ def test_member_without_verdicts_gets_default_score() -> None:
 
 def test_singleton_group_gets_default_score_and_no_adjustment() -> None:
     params = {"reasoning_bonus": 1.0, "group_style_penalty_coeff": 1.0}
-    scores = aggregate([AnswerTexts("r", "# a")], [], ScoringParams(**params))  # type: ignore[arg-type]
+    scores = aggregate([AnswerTexts("r", "# a")], [], Settings(**params))  # type: ignore[arg-type]
     assert scores.members[0].reward == 3.0
     assert scores.members[0].length_adjustment == 0.0
     assert dict(scores.metrics) == {"genrm_parse_failure_rate_per_group": 0.0}
@@ -73,11 +73,11 @@ def test_singleton_group_gets_default_score_and_no_adjustment() -> None:
 
 def test_pairs_outside_the_group_are_rejected() -> None:
     with pytest.raises(ValueError, match="outside a group"):
-        aggregate(_texts(2), _judged((0, 2, 4, 2, 1)), ScoringParams())
+        aggregate(_texts(2), _judged((0, 2, 4, 2, 1)), Settings())
 
 
 def test_unknown_aggregator_is_rejected() -> None:
-    params = ScoringParams(aggregator_method="majority")  # type: ignore[arg-type]
+    params = Settings.model_construct(aggregator_method="majority")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown aggregator"):
         aggregate(_texts(2), [], params)
 
@@ -162,7 +162,7 @@ def test_empty_reasoning_is_not_eligible_for_the_shortest_bonus() -> None:
 def test_member_with_shortest_reasoning_and_answer_gets_both_bonuses() -> None:
     judged = _judged((0, 1, 5, 4, 3))
     texts = [AnswerTexts("r", "a"), AnswerTexts("rr", "aa")]
-    scores = aggregate(texts, judged, ScoringParams(reasoning_bonus=0.5, answer_bonus=0.25))
+    scores = aggregate(texts, judged, Settings(reasoning_bonus=0.5, answer_bonus=0.25))
     assert [m.reward for m in scores.members] == [5.75, 4.0]
     assert [m.length_adjustment for m in scores.members] == [0.75, 0.0]
     assert [m.score_raw for m in scores.members] == [5.0, 4.0]
@@ -239,9 +239,7 @@ def test_wide_emoji_range_counts_cjk_characters() -> None:
 def test_style_penalty_rewards_plainer_answers() -> None:
     # densities 0 and 3/20 -> weights 0.5, -0.5 -> times coeff 1.0
     texts = [AnswerTexts("", "plain answer"), AnswerTexts("", "# Title\n- item\n**bold**")]
-    scores = aggregate(
-        texts, _judged((0, 1, 3, 3, 3.5)), ScoringParams(group_style_penalty_coeff=1.0)
-    )
+    scores = aggregate(texts, _judged((0, 1, 3, 3, 3.5)), Settings(group_style_penalty_coeff=1.0))
     assert [m.reward for m in scores.members] == [3.5, 2.5]
     assert [m.length_adjustment for m in scores.members] == [0.5, -0.5]
     assert [m.score_raw for m in scores.members] == [3.0, 3.0]
@@ -253,7 +251,7 @@ def test_style_penalty_rewards_plainer_answers() -> None:
 def test_metrics_use_raw_scores_population_std_and_tie_share() -> None:
     judged = _judged((0, 1, 3, 3, 2), (1, 0, 5, 1, 1))
     judged.append(JudgedPair(0, 1, 1, Verdict(3.0, 3.0, 3.5, parse_failed=True)))
-    metrics = aggregate(_texts(2), judged, ScoringParams()).metrics
+    metrics = aggregate(_texts(2), judged, Settings()).metrics
     # individual scores 3, 3, 5, 1, 3, 3 (before tie-breaking): mean 3,
     # squared deviations 0, 0, 4, 4, 0, 0 -> variance 8/6
     assert metrics["mean_individual_score"] == 3.0
@@ -263,13 +261,13 @@ def test_metrics_use_raw_scores_population_std_and_tie_share() -> None:
 
 
 def test_without_verdicts_only_the_parse_failure_rate_is_reported_as_zero() -> None:
-    metrics = aggregate(_texts(3), [], ScoringParams()).metrics
+    metrics = aggregate(_texts(3), [], Settings()).metrics
     assert dict(metrics) == {"genrm_parse_failure_rate_per_group": 0.0}
 
 
 def test_overall_score_equals_reward_and_raw_score_is_the_base() -> None:
     texts = [AnswerTexts("r", "a"), AnswerTexts("rr", "aa")]
-    scores = aggregate(texts, _judged((0, 1, 5, 4, 3)), ScoringParams(reasoning_bonus=0.5))
+    scores = aggregate(texts, _judged((0, 1, 5, 4, 3)), Settings(reasoning_bonus=0.5))
     first = scores.members[0]
     assert (first.reward, first.overall_score, first.score_raw) == (5.5, 5.5, 5.0)
 
@@ -278,7 +276,7 @@ def test_overall_score_equals_reward_and_raw_score_is_the_base() -> None:
 
 
 def _bt(texts_n: int, judged: Sequence[JudgedPair]) -> list[float]:
-    params = ScoringParams(aggregator_method="bradley_terry")
+    params = Settings(aggregator_method="bradley_terry")
     return [m.reward for m in aggregate(_texts(texts_n), judged, params).members]
 
 
@@ -320,7 +318,7 @@ def test_bradley_terry_member_without_games_gets_default() -> None:
 def test_bonuses_apply_after_bradley_terry_too() -> None:
     texts = [AnswerTexts("r", "a"), AnswerTexts("rr", "a")]
     judged = _judged((0, 1, 4, 2, 1))
-    params = ScoringParams(aggregator_method="bradley_terry", reasoning_bonus=0.5)
+    params = Settings(aggregator_method="bradley_terry", reasoning_bonus=0.5)
     members = aggregate(texts, judged, params).members
     assert members[0].reward == members[0].score_raw + 0.5
     assert members[1].reward == members[1].score_raw

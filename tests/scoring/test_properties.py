@@ -8,10 +8,10 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from genrm_grpc.config import Settings
 from genrm_grpc.scoring import (
     AnswerTexts,
     JudgedPair,
-    ScoringParams,
     Verdict,
     aggregate,
     judge_passes,
@@ -60,7 +60,7 @@ def test_permuting_members_permutes_rewards_when_bonuses_are_off(
         JudgedPair(where[p.response_i], where[p.response_j], p.judge_index, p.verdict)
         for p in judged
     ]
-    params = ScoringParams(aggregator_method=method)  # type: ignore[arg-type]
+    params = Settings(aggregator_method=method)  # type: ignore[arg-type]
     before = aggregate(texts, judged, params)
     after = aggregate(moved_texts, moved_judged, params)
     for k in range(size):
@@ -90,7 +90,7 @@ def test_member_winning_every_pair_five_to_one_ranks_first(
             second = data.draw(st.sampled_from([s for s in _SCORE_VALUES if s != first]))
             verdict = Verdict(first, second, 1.0 if first > second else 6.0)
         judged.append(JudgedPair(i, j, k, verdict))
-    params = ScoringParams(aggregator_method=method)  # type: ignore[arg-type]
+    params = Settings(aggregator_method=method)  # type: ignore[arg-type]
     rewards = [m.reward for m in aggregate([AnswerTexts("", "")] * size, judged, params).members]
     others = [r for k, r in enumerate(rewards) if k != winner]
     if strategy == "all_pairs":
@@ -119,7 +119,7 @@ def test_length_and_style_adjustments_sum_to_zero_without_bonuses(
     method: str,
 ) -> None:
     texts, judged, _, _ = group
-    params = ScoringParams(
+    params = Settings(
         aggregator_method=method,  # type: ignore[arg-type]
         group_reasoning_length_penalty_coeff=reasoning_coeff,
         group_answer_length_penalty_coeff=answer_coeff,
@@ -149,7 +149,9 @@ def test_rewards_are_finite_and_one_per_member(
     top_percentile: float,
 ) -> None:
     texts, judged, strategy, num_judges = group
-    params = ScoringParams(
+    # Unvalidated on purpose: aggregate must stay finite even at top_percentile=0, which
+    # Settings itself refuses.
+    params = Settings.model_construct(
         comparison_strategy=strategy,  # type: ignore[arg-type]
         num_judges_per_comparison=num_judges,
         aggregator_method=method,  # type: ignore[arg-type]

@@ -21,11 +21,11 @@ import math
 
 import pytest
 
+from genrm_grpc.config import Settings
 from genrm_grpc.scoring import (
     AnswerTexts,
     GroupScores,
     JudgedPair,
-    ScoringParams,
     Verdict,
     aggregate,
 )
@@ -59,7 +59,7 @@ def test_circular_three_members_with_tie_bonus_length_and_style() -> None:
         JudgedPair(1, 2, 0, Verdict(3.0, 3.0, 5.0)),  # tie: adjust -1.5 -> m1 +1.5, m2 +4.5
         JudgedPair(2, 0, 0, Verdict(5.0, 3.0, 1.0)),  # m2 +5, m0 +3
     ]
-    params = ScoringParams(
+    params = Settings(
         reasoning_bonus=0.5,
         answer_bonus=0.25,
         top_percentile=0.5,
@@ -108,7 +108,7 @@ def test_all_pairs_four_members_first_of_minimal_decides_the_bonus() -> None:
         JudgedPair(1, 3, 0, Verdict(1.0, 5.0, 6.0)),  # m1 1, m3 5
         JudgedPair(2, 3, 0, Verdict(4.0, 3.0, 2.0)),  # m2 4, m3 3
     ]
-    params = ScoringParams(
+    params = Settings(
         comparison_strategy="all_pairs",
         reasoning_bonus=1.0,
         answer_bonus=0.5,
@@ -159,7 +159,7 @@ def test_two_members_two_judges_with_a_parse_failure_and_code_block() -> None:
         JudgedPair(0, 1, 1, Verdict(2.0, 2.0, 4.0)),  # tie -0.5: m0 1.5, m1 2.5
         JudgedPair(1, 0, 1, Verdict(2.0, 4.0, 5.0)),  # m1 2, m0 4
     ]
-    params = ScoringParams(
+    params = Settings(
         num_judges_per_comparison=2,
         reasoning_bonus=0.5,
         answer_bonus=0.5,
@@ -201,7 +201,7 @@ def test_emoji_and_cjk_count_as_style_and_both_bonuses_stack() -> None:
         JudgedPair(1, 2, 0, Verdict(2.0, 5.0, 6.0)),  # m1 2, m2 5
         JudgedPair(2, 0, 0, Verdict(1.0, 1.0, 3.5)),  # tie at the midpoint: adjust 0
     ]
-    params = ScoringParams(
+    params = Settings(
         reasoning_bonus=0.75,
         answer_bonus=0.25,
         top_percentile=1.0,
@@ -231,7 +231,7 @@ def test_emoji_and_cjk_count_as_style_and_both_bonuses_stack() -> None:
 
 def test_no_verdicts_still_applies_bonuses_to_default_scores() -> None:
     texts = [AnswerTexts("abc", "a"), AnswerTexts("a", "ab"), AnswerTexts("ab", "abc")]
-    params = ScoringParams(
+    params = Settings(
         reasoning_bonus=0.5,
         answer_bonus=0.0,
         group_answer_length_penalty_coeff=0.3,
@@ -251,7 +251,7 @@ def test_no_verdicts_still_applies_bonuses_to_default_scores() -> None:
 
 
 def test_singleton_is_left_at_the_default_score() -> None:
-    params = ScoringParams(
+    params = Settings(
         reasoning_bonus=1.0,
         answer_bonus=1.0,
         group_reasoning_length_penalty_coeff=1.0,

@@ -9,8 +9,9 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from genrm_grpc.config import Settings
 from genrm_grpc.scoring import aggregate
-from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringParams, Verdict
+from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
 from genrm_grpc.testing import FakeJudgeServer
 
 from .conftest import ANSWERS, CALL_ERRORS, PROMPT, StartServer, call_error
@@ -29,7 +30,7 @@ def _local_rewards(reply: pb.CompareResponse) -> list[float]:
         for c in reply.comparisons
     ]
     texts = [AnswerTexts("", a) for a in ANSWERS]
-    return [m.reward for m in aggregate(texts, judged, ScoringParams()).members]
+    return [m.reward for m in aggregate(texts, judged, Settings()).members]
 
 
 @pytest.mark.parametrize("api", ["responses", "chat_completions"])

@@ -1289,7 +1289,7 @@ async def _run(
     )
     # The outage of a restart wave: the judge's down time plus its start-up.
     tolerant = cfg.judge_outage_tolerance_s >= cfg.restart_down_s + 5.0
-    scoring = settings.scoring_params()
+    scoring = settings  # Settings is the scoring view
     waves = [make_groups(cfg)]
     waves = [waves[0][i : i + cfg.wave] for i in range(0, cfg.groups, cfg.wave)]
     outcomes: collections.Counter[str] = collections.Counter()
