@@ -99,24 +99,17 @@ class JudgeMonitor:
         facts = {"judge_url": url, "judge_api": cfg.api, "judge_model": cfg.model}
         if self._probe == "startup":
             result = await self._probe_once()
-            if result.reachable:
-                log.info(
-                    "judge reachable at %s (api %s, model %s): %s",
-                    url,
-                    cfg.api,
-                    cfg.model,
-                    result.detail,
-                    extra={**facts, "judge_event": "probe", "judge_reachable": True},
-                )
-            else:
-                log.warning(
-                    "judge unreachable at %s (api %s, model %s): %s",
-                    url,
-                    cfg.api,
-                    cfg.model,
-                    result.detail,
-                    extra={**facts, "judge_event": "probe", "judge_reachable": False},
-                )
+            state = "reachable" if result.reachable else "unreachable"
+            log.log(
+                logging.INFO if result.reachable else logging.WARNING,
+                "judge %s at %s (api %s, model %s): %s",
+                state,
+                url,
+                cfg.api,
+                cfg.model,
+                result.detail,
+                extra={**facts, "judge_event": "probe", "judge_reachable": result.reachable},
+            )
         else:
             log.info(
                 "judge at %s (api %s, model %s); start-up probe off",
