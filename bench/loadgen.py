@@ -23,12 +23,13 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import grpc
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
+
+from bench.util import percentile
 
 PROMPT_TEXT = "Explain, step by step, why the sum of two even numbers is even."
 WORDS = (
@@ -62,15 +63,6 @@ def group_requests(
         )
         for i in range(size)
     ]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 class Runner:
