@@ -98,6 +98,22 @@ async def _next(call: Any, kind: str) -> Any:
     return getattr(event, kind)
 
 
+async def _evaluating_and_collecting(cohorts: Any) -> tuple[Any, Any]:
+    """Two streams: cohort "eval" is full, so it is evaluating (its judge call hangs);
+    cohort "open" is collecting (one of its two members arrived)."""
+    evaluating = cohorts.StreamGroups()
+    for k in range(2):
+        await evaluating.write(pb.StreamGroupsRequest(member=_member("eval", k)))
+    await _next(evaluating, "accepted")
+    await _next(evaluating, "accepted")
+    await evaluating.done_writing()
+    collecting = cohorts.StreamGroups()
+    await collecting.write(pb.StreamGroupsRequest(member=_member("open", 0)))
+    await _next(collecting, "accepted")
+    await collecting.done_writing()
+    return evaluating, collecting
+
+
 async def test_sigterm_drains_fails_waiting_members_and_exits_zero(server_process: Any) -> None:
     proc, target, judge = server_process
     code, out = await _health_cli("--server", target)
@@ -105,18 +121,7 @@ async def test_sigterm_drains_fails_waiting_members_and_exits_zero(server_proces
 
     async with grpc.aio.insecure_channel(target) as channel:
         cohorts = pb_grpc.CohortServiceStub(channel)
-        # Cohort "eval" is full, so it is evaluating, and its judge call hangs.
-        evaluating = cohorts.StreamGroups()
-        for k in range(2):
-            await evaluating.write(pb.StreamGroupsRequest(member=_member("eval", k)))
-        await _next(evaluating, "accepted")
-        await _next(evaluating, "accepted")
-        await evaluating.done_writing()
-        # Cohort "open" is collecting: one of its two members arrived.
-        collecting = cohorts.StreamGroups()
-        await collecting.write(pb.StreamGroupsRequest(member=_member("open", 0)))
-        await _next(collecting, "accepted")
-        await collecting.done_writing()
+        evaluating, collecting = await _evaluating_and_collecting(cohorts)
         # The same member again on a unary call: it attaches and waits as well.
         unary = asyncio.ensure_future(cohorts.SubmitMember(_member("open", 0), timeout=60))
 
@@ -166,16 +171,7 @@ async def test_a_second_sigterm_during_the_drain_ends_the_grace_and_exits_zero(
     proc, target, _judge = server_process
     async with grpc.aio.insecure_channel(target) as channel:
         cohorts = pb_grpc.CohortServiceStub(channel)
-        evaluating = cohorts.StreamGroups()
-        for k in range(2):
-            await evaluating.write(pb.StreamGroupsRequest(member=_member("eval", k)))
-        await _next(evaluating, "accepted")
-        await _next(evaluating, "accepted")
-        await evaluating.done_writing()
-        collecting = cohorts.StreamGroups()
-        await collecting.write(pb.StreamGroupsRequest(member=_member("open", 0)))
-        await _next(collecting, "accepted")
-        await collecting.done_writing()
+        evaluating, collecting = await _evaluating_and_collecting(cohorts)
         # Unary waiters on both cohorts (identical resends: they attach).
         unary = [
             asyncio.ensure_future(cohorts.SubmitMember(_member(group, 0), timeout=120))
