@@ -3,8 +3,9 @@
 The registry decides; the runtime turns each decision into records and hands them to a
 store's ``persist`` before it answers anyone whose answer depends on them. Records are
 plain, immutable values with wall-clock instants (monotonic clocks do not survive a
-restart), encoded as compact JSON so that every backend (SQLite rows, Redis values)
-stores the same bytes.
+restart). Keys, prompts and coordinates are encoded here as compact JSON; a tombstone
+is stored as its own packed bytes (``Tombstone.record()``), the form the memory store
+already keeps.
 
 Keys are encoded generically from the :class:`CohortKey` dataclass fields, so a field
 added to the key (a principal, say) is persisted without a schema change.
@@ -14,23 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from genrm_grpc.cohort.model import (
     CohortKey,
-    Completed,
-    Failed,
-    Masked,
     MemberCoords,
-    MemberReward,
-    Outcome,
     PromptSpec,
     Tombstone,
-    comparisons_of,
 )
-from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
+from genrm_grpc.scoring.types import AnswerTexts, Verdict
 
 
 class StoreError(Exception):
@@ -189,71 +182,3 @@ def encode_coords(coords: MemberCoords) -> str:
 
 def decode_coords(text: str) -> MemberCoords:
     return MemberCoords(*json.loads(text))
-
-
-def _pair(pair: JudgedPair) -> list[Any]:
-    v = pair.verdict
-    return [
-        pair.response_i,
-        pair.response_j,
-        pair.judge_index,
-        v.score_1,
-        v.score_2,
-        v.ranking,
-        v.parse_failed,
-    ]
-
-
-def _unpair(row: Sequence[Any]) -> JudgedPair:
-    i, j, k, s1, s2, rank, failed = row
-    return JudgedPair(i, j, k, Verdict(s1, s2, rank, bool(failed)))
-
-
-def encode_outcome(outcome: Outcome) -> str:
-    if isinstance(outcome, Completed):
-        body: dict[str, Any] = {
-            "kind": "completed",
-            "rewards": [
-                [r.reward, r.score_raw, r.overall_score, r.length_adjustment]
-                for r in outcome.rewards
-            ],
-            "metrics": dict(outcome.metrics),
-            "judged": [_pair(p) for p in outcome.judged],
-        }
-        # Each member's comparisons are normally its verdicts in judged order; only a
-        # hand-built outcome whose are not needs them spelt out.
-        if any(
-            r.comparisons != comparisons_of(k, outcome.judged)
-            for k, r in enumerate(outcome.rewards)
-        ):
-            body["comparisons"] = [[_pair(p) for p in r.comparisons] for r in outcome.rewards]
-        return _dumps(body)
-    if isinstance(outcome, Masked):
-        return _dumps(
-            {"kind": "masked", "reason": outcome.reason, "metrics": dict(outcome.metrics)}
-        )
-    return _dumps({"kind": "failed", "reason": outcome.reason, "legacy": outcome.legacy})
-
-
-def decode_outcome(text: str) -> Outcome:
-    body = json.loads(text)
-    kind = body["kind"]
-    if kind == "masked":
-        return Masked(reason=body["reason"], metrics=body["metrics"])
-    if kind == "failed":
-        return Failed(body["reason"], legacy=body["legacy"])
-    if kind != "completed":
-        raise StoreError(f"unknown outcome kind {kind!r} in the store")
-    judged = tuple(_unpair(p) for p in body["judged"])
-    explicit = body.get("comparisons")
-    rewards = tuple(
-        MemberReward(
-            reward,
-            raw,
-            overall,
-            adjustment,
-            tuple(_unpair(p) for p in explicit[k]) if explicit else comparisons_of(k, judged),
-        )
-        for k, (reward, raw, overall, adjustment) in enumerate(body["rewards"])
-    )
-    return Completed(rewards=rewards, metrics=body["metrics"], judged=judged)
