@@ -19,7 +19,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
 COPY --from=build /wheels /wheels
 COPY docker/install.sh /tmp/install.sh
 RUN sh /tmp/install.sh /wheels && rm -rf /wheels /tmp/install.sh \
-    && useradd --system --uid 10001 --no-create-home genrm
+    && useradd --system --uid 10001 --no-create-home genrm \
+    && mkdir -p /var/lib/genrm && chown genrm /var/lib/genrm
+# Cohort state and the verdict journal (store: sqlite:///genrm-state.sqlite3, relative to
+# the working directory): mount a persistent volume here so that they survive the
+# container. One server process per volume.
+WORKDIR /var/lib/genrm
+VOLUME ["/var/lib/genrm"]
 # The default config (listen 0.0.0.0:50051); mount your own over it. The address comes
 # from the config (or GENRM_LISTEN), never from a flag, so the HEALTHCHECK follows it.
 COPY docker/server.yaml /etc/genrm/server.yaml

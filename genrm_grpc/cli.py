@@ -28,6 +28,7 @@ _FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--genrm-parse-retry-sleep-s", "genrm_parse_retry_sleep_s", float),
     ("--max-active-cohorts", "max_active_cohorts", int),
     ("--shutdown-grace-s", "shutdown_grace_s", float),
+    ("--store", "store", str),
     ("--metrics-listen", "metrics_listen", str),
     ("--max-concurrent-streams", "max_concurrent_streams", int),
     ("--log-level", "log_level", str),
@@ -89,9 +90,11 @@ def _serve(argv: list[str]) -> int:
         host = settings.listen.rpartition(":")[0]
         print(f"genrm-grpc serving on {host}:{port}", flush=True)
 
+    from genrm_grpc.store.records import StoreError
+
     try:
         asyncio.run(run(settings, on_ready=ready))
-    except (OSError, ConfigError) as exc:  # a busy port, an address not on this host, …
+    except (OSError, ConfigError, StoreError) as exc:  # a busy port, an unreadable store, …
         print(f"genrm-grpc: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -288,7 +288,12 @@ class Settings(BaseSettings):
     max_active_cohorts: Annotated[int, Field(ge=1)] = 10_000
     max_message_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     shutdown_grace_s: Seconds = 30.0
-    store: Literal["memory"] = "memory"
+    #: Where cohort state and the verdict journal are kept: ``sqlite:///PATH`` (a file,
+    #: survives restarts) or ``memory://`` (nothing survives the process).
+    store: str = "sqlite:///genrm-state.sqlite3"
+    #: ``group``: a later attempt of a group reuses journaled verdicts on byte-identical
+    #: questions instead of calling the judge again; ``off``: always judge.
+    verdict_reuse: Literal["group", "off"] = "group"
     #: Judge calls one cohort may need (pairs of its declared group_size × judges);
     #: a member declaring more is refused with INVALID_ARGUMENT before any work.
     max_judge_passes_per_cohort: Annotated[int, Field(ge=1)] = 16_384
@@ -327,6 +332,15 @@ class Settings(BaseSettings):
     @classmethod
     def _listen_has_port(cls, value: str) -> str:
         return _host_port(value, "listen")
+
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, value: str) -> str:
+        from genrm_grpc.store.durable import validate_store_url
+
+        if value == "memory":  # the name before the durable stores existed
+            return "memory://"
+        return validate_store_url(value)
 
     @field_validator("metrics_listen")
     @classmethod

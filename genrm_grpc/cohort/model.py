@@ -31,6 +31,8 @@ class Reason(enum.StrEnum):
     COHORT_NOT_FOUND = "COHORT_NOT_FOUND"  # GetCohort only
     #: A call without a client deadline waited max_call_wait_s (its member stays).
     CALL_WAIT_EXPIRED = "CALL_WAIT_EXPIRED"
+    #: The durable store could not write (or read) what this answer depends on.
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
 
 
 class Phase(enum.Enum):
@@ -145,6 +147,10 @@ class Completed:
     metrics: Mapping[str, float] = field(default_factory=dict)
     #: Every verdict in aggregation order (judge pass, then pair order).
     judged: tuple[JudgedPair, ...] = ()
+    #: Passes taken from the verdict journal instead of a judge call: from an earlier
+    #: attempt of the group (reused) or from before a restart (resumed).
+    passes_reused: int = 0
+    passes_resumed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +159,8 @@ class Masked:
 
     reason: str
     metrics: Mapping[str, float] = field(default_factory=dict)
+    passes_reused: int = 0
+    passes_resumed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +240,8 @@ class Cohort:
     evaluation_deadline: float | None = None
     snapshot: tuple[Member, ...] | None = None
     outcome: Outcome | None = None
+    #: An earlier attempt of its group was seen: its journaled verdicts may be reused.
+    follows_attempt: bool = False
 
     @property
     def active(self) -> bool:
@@ -282,6 +292,7 @@ class _PackedCompleted:
         "offsets",
         "pair_index",
         "pair_scores",
+        "passes",
     )
 
     def __init__(self, outcome: Completed) -> None:
@@ -319,6 +330,7 @@ class _PackedCompleted:
         self.member_pairs = array("I", member_pairs)
         self.metric_names = tuple(outcome.metrics)
         self.metric_values = array("d", outcome.metrics.values())
+        self.passes = (outcome.passes_reused, outcome.passes_resumed)
 
     def to_fields(self) -> tuple[Any, ...]:
         """The packed outcome as atomic values only (bytes, str, None) for a record."""
@@ -332,12 +344,14 @@ class _PackedCompleted:
             self.member_pairs.tobytes(),
             tuple(str(name) for name in self.metric_names),
             self.metric_values.tobytes(),
+            *self.passes,
         )
 
     @classmethod
     def from_fields(cls, fields: tuple[Any, ...]) -> _PackedCompleted:
         self = cls.__new__(cls)
-        pairs, scores, failed, judged, values, offsets, members, names, metrics = fields
+        pairs, scores, failed, judged, values, offsets, members, names, metrics = fields[:9]
+        self.passes = (int(fields[9]), int(fields[10])) if len(fields) > 9 else (0, 0)
         self.pair_index = _array("I", pairs)
         self.pair_scores = _array("d", scores)
         self.failed = failed
@@ -384,6 +398,8 @@ class _PackedCompleted:
             rewards=rewards,
             metrics=dict(zip(self.metric_names, self.metric_values, strict=True)),
             judged=judged,
+            passes_reused=self.passes[0],
+            passes_resumed=self.passes[1],
         )
 
 
@@ -393,7 +409,8 @@ def _array(typecode: str, raw: bytes) -> array[Any]:
     return packed
 
 
-_RECORD_VERSION = 1
+#: Version 2 added the reused/resumed pass counts; version 1 records still read.
+_RECORD_VERSION = 2
 
 
 class Tombstone:
@@ -442,6 +459,8 @@ class Tombstone:
                 str(kept.reason),
                 tuple(str(name) for name in kept.metrics),
                 array("d", kept.metrics.values()).tobytes(),
+                kept.passes_reused,
+                kept.passes_resumed,
             )
         else:
             outcome = ("f", str(kept.reason), kept.legacy)
@@ -467,7 +486,7 @@ class Tombstone:
         (version, gid, legacy, attempt, principal, size, prompt, finished, digests, kind, *rest) = (
             marshal.loads(record)
         )
-        if version != _RECORD_VERSION:
+        if version not in (1, _RECORD_VERSION):
             raise ValueError(f"unknown tombstone record version {version}")
         self = cls.__new__(cls)
         self.key = CohortKey(gid, legacy, attempt, principal)
@@ -478,9 +497,13 @@ class Tombstone:
         if kind == "c":
             self._outcome = _PackedCompleted.from_fields(tuple(rest))
         elif kind == "m":
-            reason, names, values = rest
+            reason, names, values, *passes = rest
+            reused, resumed = passes if passes else (0, 0)
             self._outcome = Masked(
-                reason=str(reason), metrics=dict(zip(names, _array("d", values), strict=True))
+                reason=str(reason),
+                metrics=dict(zip(names, _array("d", values), strict=True)),
+                passes_reused=int(reused),
+                passes_resumed=int(resumed),
             )
         else:
             reason, legacy_failure = rest

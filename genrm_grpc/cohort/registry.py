@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,6 +24,7 @@ from genrm_grpc.cohort.model import (
     ANONYMOUS,
     LEGACY_RETRY_ADVICE,
     MAX_FAILURE_REASON,
+    CandidateSpec,
     Cohort,
     CohortKey,
     Completed,
@@ -39,7 +41,19 @@ from genrm_grpc.cohort.model import (
     clip_reason,
     group_scope,
 )
+from genrm_grpc.cohort.phases import Event, transition
 from genrm_grpc.store.base import CohortStore
+from genrm_grpc.store.records import (
+    CohortRecord,
+    DropCohort,
+    DropTombstone,
+    DropWatermark,
+    MemberRecord,
+    Record,
+    Recovered,
+    TombstoneRecord,
+    WatermarkRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +68,8 @@ class RegistryView(Protocol):
     def cohort_collection_timeout_s(self) -> float: ...
     @property
     def cohort_evaluation_timeout_s(self) -> float: ...
+    @property
+    def cohort_result_ttl_s(self) -> float: ...
     @property
     def max_active_cohorts(self) -> int: ...
     #: Active cohorts one principal may hold (None: only ``max_active_cohorts`` applies).
@@ -79,10 +95,30 @@ class SubmitDecision:
     #: Cohorts that this submission ended (older attempts it superseded, or its own
     #: cohort when the collection deadline had already passed). Publish their outcomes.
     ended: list[Cohort] = field(default_factory=list)
+    #: What the decision changed, to persist before any answer that depends on it.
+    records: list[Record] = field(default_factory=list)
+
+
+class Ended(list[Cohort]):
+    """Cohorts an event ended (publish their outcomes) and the records to persist first.
+
+    Empty — and so false — when the event changed nothing (a late timer, a stale result).
+    """
+
+    def __init__(self, cohorts: list[Cohort], records: list[Record]) -> None:
+        super().__init__(cohorts)
+        self.records = records
 
 
 class CohortRegistry:
-    """Owns every active cohort and decides what each event means."""
+    """Owns every active cohort and decides what each event means.
+
+    Each event returns a decision that carries everything the runtime must do: the
+    cohorts to publish, and the records (see ``genrm_grpc.store.records``) that make
+    the change durable, which the runtime persists before it answers anyone who
+    depends on them. Record times are wall-clock: ``wall_offset`` (wall minus the
+    ``now`` the caller passes) is set by the runtime.
+    """
 
     def __init__(self, config: RegistryView, store: CohortStore) -> None:
         self.config = config
@@ -96,6 +132,9 @@ class CohortRegistry:
         self._draining = False
         self._warned_missing_attempt = False
         self.evictions_examined = 0
+        self.wall_offset = 0.0
+        self._outbox: list[Record] = []
+        store.on_evict = self._evicted
 
     # ------------------------------------------------------------------ queries
     @property
@@ -114,15 +153,30 @@ class CohortRegistry:
     def latest_attempt(self, group_id: str, now: float, principal: str = ANONYMOUS) -> int | None:
         return self.store.watermark(group_scope(principal, group_id), now)
 
+    def lookup(self, key: CohortKey, now: float) -> Cohort | Tombstone | None:
+        """The active cohort or the retained tombstone under ``key`` (GetCohort)."""
+        cohort = self._active.get(key)
+        return cohort if cohort is not None else self.store.tombstone(key, now)
+
+    def counts(self) -> dict[str, int]:
+        """Sizes of what the registry holds (metrics, leak checks)."""
+        return {"active": len(self._active), **self.store.counts()}
+
     # ------------------------------------------------------------------ events
     def submit(self, sub: Submission, now: float) -> SubmitDecision:
         """Decide what a member submission gets (the status table of docs/protocol.md)."""
+        decision = self._submit(sub, now)
+        decision.records = self._take()
+        return decision
+
+    def _submit(self, sub: Submission, now: float) -> SubmitDecision:
         self._sweep(now)
         if sub.coords.group_id is not None and sub.coords.group_attempt is None:
             self._warn_missing_attempt(sub)
         ended: list[Cohort] = []
         key = sub.key
         scope = key.group_scope
+        follows = False
         if key.group_id is not None and scope is not None:
             latest = self.store.watermark(scope, now)
             if latest is not None and key.attempt < latest:
@@ -149,8 +203,9 @@ class CohortRegistry:
                     return self._capacity_exhausted(sub)
                 if self._over_principal_quota(key.principal, older):
                     return self._principal_quota_exhausted(sub)
+                follows = latest is not None
                 ended = self._supersede(key, now)
-                self.store.raise_watermark(scope, key.attempt, now)
+                self._raise_watermark(scope, key.attempt, now)
 
         cohort = self._active.get(key)
         if (
@@ -159,70 +214,146 @@ class CohortRegistry:
             and now >= cohort.collection_deadline
         ):
             # The deadline has passed but its timer has not run yet: it wins, exactly once.
-            self._end(cohort, self._collection_expired(cohort), now)
+            self._end(cohort, Event.COLLECTION_EXPIRED, self._collection_expired(cohort), now)
             ended.append(cohort)
             cohort = None
         if cohort is not None:
             decision = self._submit_active(cohort, sub, now)
         else:
-            decision = self._submit_inactive(sub, now)
+            decision = self._submit_inactive(sub, now, follows=follows)
         decision.ended[:0] = ended
         return decision
 
-    def collection_deadline(self, cohort: Cohort, now: float) -> bool:
-        """The collection timer fired. True when it failed the cohort (late timers are no-ops)."""
+    def collection_deadline(self, cohort: Cohort, now: float) -> Ended | None:
+        """The collection timer fired: the cohort fails (late timers change nothing)."""
         if cohort.phase is not Phase.COLLECTING or now < cohort.collection_deadline:
-            return False
-        self._end(cohort, self._collection_expired(cohort), now)
-        return True
+            return None
+        self._end(cohort, Event.COLLECTION_EXPIRED, self._collection_expired(cohort), now)
+        return self._ended(cohort)
 
-    def evaluation_deadline(self, cohort: Cohort, now: float) -> bool:
+    def evaluation_deadline(self, cohort: Cohort, now: float) -> Ended | None:
         """The evaluation timer fired: the judge did not finish in time → masked result."""
         if (
             cohort.phase is not Phase.EVALUATING
             or cohort.evaluation_deadline is None
             or now < cohort.evaluation_deadline
         ):
-            return False
+            return None
         reason = (
             f"judge evaluation deadline expired: cohort_evaluation_timeout_s="
             f"{self.config.cohort_evaluation_timeout_s:g} passed before every comparison finished"
         )
-        self._end(cohort, Masked(reason=clip_reason(reason)), now)
-        return True
+        self._end(cohort, Event.EVALUATION_EXPIRED, Masked(reason=clip_reason(reason)), now)
+        return self._ended(cohort)
 
-    def evaluation_finished(self, cohort: Cohort, outcome: Completed | Masked, now: float) -> bool:
-        """The judge finished. False (result discarded) unless the cohort still waits for it."""
-        if cohort.phase is not Phase.EVALUATING or self._active.get(cohort.key) is not cohort:
-            return False
-        if isinstance(outcome, Completed) and len(outcome.rewards) != cohort.group_size:
-            outcome_: Outcome = Failed(
+    def evaluation_finished(self, cohort: Cohort, outcome: Completed, now: float) -> Ended | None:
+        """Every pass was judged and aggregated. None (discarded) unless the cohort waits."""
+        if not self._waits_for_judge(cohort):
+            return None
+        if len(outcome.rewards) != cohort.group_size:
+            reason = (
                 f"aggregation produced {len(outcome.rewards)} rewards for "
-                f"{cohort.group_size} members; nothing was published",
-                legacy=not cohort.key.explicit,
+                f"{cohort.group_size} members; nothing was published"
             )
-        else:
-            outcome_ = outcome
-        self._end(cohort, outcome_, now)
-        return True
+            return self.aggregation_failed(cohort, reason, now)
+        self._end(cohort, Event.JUDGED, outcome, now)
+        return self._ended(cohort)
 
-    def fail(self, cohort: Cohort, reason: str, now: float) -> bool:
-        """Fail an active cohort (cancellation, aggregation error, shutdown)."""
+    def judge_failed(
+        self, cohort: Cohort, reason: str, now: float, *, reused: int = 0, resumed: int = 0
+    ) -> Ended | None:
+        """A judge pass failed for good: the cohort completes *masked* (no reward made up)."""
+        if not self._waits_for_judge(cohort):
+            return None
+        masked = Masked(clip_reason(reason), passes_reused=reused, passes_resumed=resumed)
+        self._end(cohort, Event.JUDGE_FAILED, masked, now)
+        return self._ended(cohort)
+
+    def aggregation_failed(self, cohort: Cohort, reason: str, now: float) -> Ended | None:
+        """The verdicts could not be turned into rewards: the cohort fails, nothing is published."""
+        if not self._waits_for_judge(cohort):
+            return None
+        failed = Failed(clip_reason(reason), legacy=not cohort.key.explicit)
+        self._end(cohort, Event.AGGREGATION_FAILED, failed, now)
+        return self._ended(cohort)
+
+    def fail(self, cohort: Cohort, reason: str, now: float) -> Ended | None:
+        """Fail an active cohort (operator cancellation, shutdown without a durable store)."""
         if not cohort.active or self._active.get(cohort.key) is not cohort:
-            return False
-        self._end(cohort, Failed(clip_reason(reason), legacy=not cohort.key.explicit), now)
-        return True
+            return None
+        failed = Failed(clip_reason(reason), legacy=not cohort.key.explicit)
+        self._end(cohort, Event.CANCELLED, failed, now)
+        return self._ended(cohort)
 
     def start_draining(self) -> None:
         self._draining = True
 
-    def fail_all(self, reason: str, now: float) -> list[Cohort]:
+    def fail_all(self, reason: str, now: float) -> Ended:
         ended = list(self._active.values())
         for cohort in ended:
-            self.fail(cohort, reason, now)
-        return ended
+            failed = Failed(clip_reason(reason), legacy=not cohort.key.explicit)
+            self._end(cohort, Event.CANCELLED, failed, now)
+        return Ended(ended, self._take())
 
-    # ------------------------------------------------------------------ helpers
+    def suspend_all(self) -> list[Cohort]:
+        """Forget every active cohort in this process, leaving it as it is in the store.
+
+        A drain with a durable store: the next process resumes these cohorts from their
+        records, so nothing is failed and nothing is written.
+        """
+        suspended = list(self._active.values())
+        self._active.clear()
+        self._active_by_group.clear()
+        self._active_by_principal.clear()
+        return suspended
+
+    def restore(self, recovered: Recovered, now: float) -> list[Cohort]:
+        """Take back what a store held at start-up; returns the active cohorts, oldest first.
+
+        Wall-clock instants become ``now``-based ones through ``wall_offset``, so time
+        spent down counts against every deadline and retention period.
+        """
+        offset = self.wall_offset
+        for mark in recovered.watermarks:
+            self.store.raise_watermark(mark.scope, mark.attempt, now, mark.expires_at - offset)
+        for tomb in recovered.tombstones:
+            self.store.put_tombstone(tomb.tombstone, now, tomb.expires_at - offset)
+        restored: list[Cohort] = []
+        for entry in recovered.cohorts:
+            head = entry.header
+            members = {
+                m.coords.rollout_index: Member(m.coords, CandidateSpec(m.texts, m.digest))
+                for m in entry.members
+            }
+            cohort = Cohort(
+                key=head.key,
+                seq=head.seq,
+                group_size=head.group_size,
+                prompt=head.prompt,
+                prompt_digest=head.prompt_digest,
+                created_at=head.created_at - offset,
+                collection_deadline=head.collection_deadline - offset,
+                members=members,
+                follows_attempt=head.follows_attempt,
+            )
+            if head.phase == Phase.EVALUATING.value and cohort.full:
+                cohort.phase = Phase.EVALUATING
+                cohort.snapshot = tuple(members[i] for i in range(cohort.group_size))
+                deadline = head.evaluation_deadline
+                cohort.evaluation_deadline = (
+                    now + self.config.cohort_evaluation_timeout_s
+                    if deadline is None
+                    else deadline - offset
+                )
+            self._seq = max(self._seq, head.seq)
+            self._index(cohort)
+            scope = cohort.key.group_scope
+            if scope is not None:
+                self.store.raise_watermark(scope, cohort.key.attempt, now)
+            restored.append(cohort)
+        self._outbox.clear()  # restoring writes nothing back
+        return restored
+
     def _submit_active(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
         if cohort.prompt_digest != sub.prompt_digest or cohort.group_size != sub.group_size:
             return self._mismatch(sub, cohort.group_size, cohort.prompt_digest)
@@ -237,7 +368,7 @@ class CohortRegistry:
             return self._shutting_down(sub)
         return self._accept(cohort, sub, now)
 
-    def _submit_inactive(self, sub: Submission, now: float) -> SubmitDecision:
+    def _submit_inactive(self, sub: Submission, now: float, *, follows: bool) -> SubmitDecision:
         tomb = self.store.tombstone(sub.key, now)
         if tomb is not None:
             return self._submit_terminal(tomb, sub)
@@ -256,14 +387,20 @@ class CohortRegistry:
             prompt_digest=sub.prompt_digest,
             created_at=now,
             collection_deadline=now + self.config.cohort_collection_timeout_s,
+            follows_attempt=follows,
         )
-        self._active[sub.key] = cohort
-        principal = sub.key.principal
-        self._active_by_principal[principal] = self._active_by_principal.get(principal, 0) + 1
-        scope = sub.key.group_scope
-        if scope is not None:
-            self._active_by_group.setdefault(scope, {})[sub.key.attempt] = cohort
+        self._index(cohort)
+        self._outbox.append(self._header(cohort))
         return self._accept(cohort, sub, now)
+
+    def _index(self, cohort: Cohort) -> None:
+        key = cohort.key
+        self._active[key] = cohort
+        principal = key.principal
+        self._active_by_principal[principal] = self._active_by_principal.get(principal, 0) + 1
+        scope = key.group_scope
+        if scope is not None:
+            self._active_by_group.setdefault(scope, {})[key.attempt] = cohort
 
     def _submit_terminal(self, tomb: Tombstone, sub: Submission) -> SubmitDecision:
         if tomb.prompt_digest != sub.prompt_digest or tomb.group_size != sub.group_size:
@@ -285,14 +422,75 @@ class CohortRegistry:
         return SubmitDecision(Disposition.REPLAYED, replay=tomb)
 
     def _accept(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
-        cohort.members[sub.rollout_index] = Member(coords=sub.coords, candidate=sub.candidate)
+        member = Member(coords=sub.coords, candidate=sub.candidate)
+        cohort.members[sub.rollout_index] = member
+        self._outbox.append(
+            MemberRecord(cohort.key, sub.coords, sub.candidate.digest, sub.candidate.texts)
+        )
         frozen = False
         if cohort.full:
-            cohort.phase = Phase.EVALUATING
+            cohort.phase = transition(cohort.phase, Event.FILLED)
             cohort.snapshot = tuple(cohort.members[i] for i in range(cohort.group_size))
             cohort.evaluation_deadline = now + self.config.cohort_evaluation_timeout_s
+            self._outbox.append(self._header(cohort))
             frozen = True
         return SubmitDecision(Disposition.ACCEPTED, cohort=cohort, frozen=frozen)
+
+    def _header(self, cohort: Cohort) -> CohortRecord:
+        offset = self.wall_offset
+        deadline = cohort.evaluation_deadline
+        return CohortRecord(
+            key=cohort.key,
+            seq=cohort.seq,
+            group_size=cohort.group_size,
+            prompt=cohort.prompt,
+            prompt_digest=cohort.prompt_digest,
+            phase=cohort.phase.value,
+            created_at=cohort.created_at + offset,
+            collection_deadline=cohort.collection_deadline + offset,
+            evaluation_deadline=None if deadline is None else deadline + offset,
+            follows_attempt=cohort.follows_attempt,
+        )
+
+    def _raise_watermark(self, scope: str, attempt: int, now: float) -> None:
+        self.store.raise_watermark(scope, attempt, now)
+        expires = now + self.config.cohort_result_ttl_s + self.wall_offset
+        self._outbox.append(WatermarkRecord(scope, attempt, expires))
+
+    def final_records(self, cohort: Cohort) -> list[Record]:
+        """The records that ended ``cohort`` again (to rewrite them after a failed write)."""
+        key = cohort.key
+        tomb = self.store.tombstone(key, -math.inf)
+        records: list[Record] = [DropCohort(key, keep_verdicts=tomb is not None)]
+        if tomb is not None:
+            expires = tomb.finished_at + self.config.cohort_result_ttl_s
+            records.append(TombstoneRecord(tomb, expires))
+        scope = key.group_scope
+        if scope is not None:
+            attempt = self.store.watermark(scope, -math.inf)
+            if attempt is not None:
+                expires = tomb.finished_at if tomb is not None else self.wall_offset
+                records.append(
+                    WatermarkRecord(scope, attempt, expires + self.config.cohort_result_ttl_s)
+                )
+        return records
+
+    def _take(self) -> list[Record]:
+        records, self._outbox = self._outbox, []
+        return records
+
+    def _ended(self, cohort: Cohort) -> Ended:
+        return Ended([cohort], self._take())
+
+    def _evicted(self, kind: str, key: CohortKey | str) -> None:
+        """The store dropped a retained record: drop it from the durable store too."""
+        if isinstance(key, CohortKey):
+            self._outbox.append(DropTombstone(key))
+        else:
+            self._outbox.append(DropWatermark(key))
+
+    def _waits_for_judge(self, cohort: Cohort) -> bool:
+        return cohort.phase is Phase.EVALUATING and self._active.get(cohort.key) is cohort
 
     def _supersede(self, key: CohortKey, now: float) -> list[Cohort]:
         group_id, attempt = key.group_id, key.attempt
@@ -305,6 +503,7 @@ class CohortRegistry:
             if old_attempt < attempt:
                 self._end(
                     cohort,
+                    Event.SUPERSEDED,
                     Failed(f"superseded by attempt {attempt} of group {group_id!r}"),
                     now,
                 )
@@ -333,10 +532,9 @@ class CohortRegistry:
         )
         return Failed(clip_reason(reason), legacy=not cohort.key.explicit)
 
-    def _end(self, cohort: Cohort, outcome: Outcome, now: float) -> None:
+    def _end(self, cohort: Cohort, event: Event, outcome: Outcome, now: float) -> None:
         """Make a cohort terminal: record its outcome, leave a tombstone, drop its bodies."""
-        cohort.outcome = outcome
-        cohort.phase = Phase.FAILED if isinstance(outcome, Failed) else Phase.COMPLETED
+        cohort.phase = transition(cohort.phase, event)
         if self._active.pop(cohort.key, None) is not None:
             principal = cohort.key.principal
             left = self._active_by_principal[principal] - 1
@@ -351,27 +549,30 @@ class CohortRegistry:
                 attempts.pop(cohort.key.attempt, None)
                 if not attempts:
                     del self._active_by_group[gid]
-            self.store.raise_watermark(gid, cohort.key.attempt, now)
+            self._raise_watermark(gid, cohort.key.attempt, now)
         digests = {i: m.candidate.digest for i, m in cohort.members.items()}
         # Explicit cohorts keep a tombstone for replay and fencing. Legacy cohorts are
         # retired on success; a failed legacy key — failed, or masked because the judge
         # failed — stays fenced, so that neither a resend nor a delayed member of the
         # failed run can start a new cohort that mixes runs or is judged again.
-        if cohort.key.explicit or not isinstance(outcome, Completed):
-            if not cohort.key.explicit and not isinstance(outcome, Completed):
-                outcome = legacy_outcome(outcome)
-                cohort.outcome = outcome
-            self.store.put_tombstone(
-                Tombstone(
-                    key=cohort.key,
-                    group_size=cohort.group_size,
-                    prompt_digest=cohort.prompt_digest,
-                    digests=digests,
-                    outcome=outcome,
-                    finished_at=now,
-                ),
-                now,
+        keep = cohort.key.explicit or not isinstance(outcome, Completed)
+        if not cohort.key.explicit and not isinstance(outcome, Completed):
+            outcome = legacy_outcome(outcome)
+        cohort.outcome = outcome
+        # The cohort's records go; its journaled verdicts stay while its tombstone does.
+        self._outbox.append(DropCohort(cohort.key, keep_verdicts=keep))
+        if keep:
+            tomb = Tombstone(
+                key=cohort.key,
+                group_size=cohort.group_size,
+                prompt_digest=cohort.prompt_digest,
+                digests=digests,
+                outcome=outcome,
+                finished_at=now + self.wall_offset,
             )
+            expires = now + self.config.cohort_result_ttl_s + self.wall_offset
+            self._outbox.append(TombstoneRecord(tomb, expires))
+            self.store.put_tombstone(tomb, now)
         cohort.members = {}
         cohort.snapshot = None
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -223,7 +223,7 @@ class _StateCollector(Collector):
             "genrm_judge_in_flight", "Judge comparisons holding a permit.", stats["judge_in_flight"]
         )
         yield _gauge("genrm_waiters", "Calls waiting for their cohort's outcome.", stats["waiters"])
-        counts = registry.store.counts()
+        counts = registry.counts()
         yield _gauge(
             "genrm_tombstones",
             "Retained terminal cohorts (bounded by max_terminal_cohorts, cohort_result_ttl_s).",
@@ -237,6 +237,27 @@ class _StateCollector(Collector):
         yield _gauge(
             "genrm_draining", "1 while the server is shutting down.", int(registry.draining)
         )
+        yield _counter(
+            "genrm_judge_passes_reused",
+            "Judge passes answered from the verdict journal of an earlier attempt of the group.",
+            stats["passes_reused"],
+        )
+        yield _counter(
+            "genrm_judge_passes_resumed",
+            "Judge passes answered from the verdict journal after a restart.",
+            stats["passes_resumed"],
+        )
+        yield _counter(
+            "genrm_store_write_failures",
+            "Store writes that failed (the calls depending on them got STORE_UNAVAILABLE).",
+            stats["store_failures"],
+        )
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation)
+    family.add_metric([], value)
+    return family
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

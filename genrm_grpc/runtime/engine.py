@@ -12,13 +12,17 @@ deciding and acting, so each decision is atomic.
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import logging
 import math
-from collections.abc import Callable, Coroutine, Sequence
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from genrm_grpc.cohort.identity import ComparisonMode
+from genrm_grpc.cohort.journal import VerdictJournal, judge_context
 from genrm_grpc.cohort.model import (
     CandidateSpec,
     Cohort,
@@ -31,13 +35,13 @@ from genrm_grpc.cohort.model import (
     Outcome,
     Phase,
     PromptSpec,
+    Reason,
     Rejection,
     Submission,
     Tombstone,
-    clip_reason,
     comparisons_by_member,
 )
-from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
 from genrm_grpc.observability.hooks import CohortOutcome, NullRuntimeObserver, RuntimeObserver
 from genrm_grpc.runtime.clock import Clock, LoopClock, TimerHandle
@@ -45,11 +49,39 @@ from genrm_grpc.runtime.plan import Pass, PassPlan
 from genrm_grpc.runtime.scheduler import PrioritySemaphore
 from genrm_grpc.scoring import aggregate
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringView
+from genrm_grpc.store.durable import DurableStore, MemoryDurable
+from genrm_grpc.store.records import Record, StoreError, VerdictRecord
 
 log = logging.getLogger(__name__)
 
 JudgeSchedule = Literal["after_collection", "eager"]
 _T = TypeVar("_T")
+
+
+class CallInterrupted(Exception):
+    """A waiting call ends without its cohort's outcome; the cohort itself goes on.
+
+    ``STORE_UNAVAILABLE``: what the answer depends on could not be made durable.
+    ``SHUTTING_DOWN``: the server is restarting and keeps the cohort in its store.
+    Either way an identical resend reattaches (to the restarted server).
+    """
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def store_unavailable(what: str, error: BaseException) -> CallInterrupted:
+    return CallInterrupted(
+        Reason.STORE_UNAVAILABLE,
+        f"the server could not make {what} durable ({error}); nothing was published: "
+        "retry the identical call",
+    )
+
+
+#: After a failed write of a cohort's final records, how long until it is tried again.
+REWRITE_DELAY_S = 1.0
 
 
 class CompareCapacityError(Exception):
@@ -84,6 +116,10 @@ class RuntimeView(ScoringView, Protocol):
     #: refused with CompareCapacityError.
     @property
     def max_queued_compare_passes(self) -> int: ...
+    #: ``group``: a pass of a later attempt of a group that asks the judge the same
+    #: question as one already journaled takes that verdict; ``off``: always judged.
+    @property
+    def verdict_reuse(self) -> Literal["group", "off"]: ...
 
 
 def pass_plan(config: RuntimeView) -> PassPlan:
@@ -116,6 +152,8 @@ START_SLICE = 256
 class _PairResult:
     pair: JudgedPair
     usage: TokenUsage | None
+    #: "judged", "reused" (an earlier attempt's verdict) or "resumed" (from before a restart)
+    source: str = "judged"
 
 
 class Waiter:
@@ -150,12 +188,35 @@ class Waiter:
 
 @dataclass(slots=True)
 class Ticket:
-    """What a submission got: a waiter, a replayed tombstone, or a rejection."""
+    """What a submission got: a waiter, a replayed tombstone, or a rejection.
+
+    ``durable`` (when not None) resolves once what the submission changed, or the
+    replayed outcome, is in the store: answer nothing before it (it raises
+    :class:`CallInterrupted` when the store failed).
+    """
 
     disposition: Disposition
     waiter: Waiter | None = None
     replay: Tombstone | None = None
     rejection: Rejection | None = None
+    durable: asyncio.Future[None] | None = None
+
+    def store_failure(self) -> CallInterrupted | None:
+        """The typed interruption when ``durable`` failed (None: durable or not done)."""
+        durable = self.durable
+        if durable is None or not durable.done():
+            return None
+        error = StoreError("cancelled") if durable.cancelled() else durable.exception()
+        return None if error is None else store_unavailable("this member", error)
+
+    async def persisted(self) -> None:
+        """Wait until ``durable``; raises :class:`CallInterrupted` when the write failed."""
+        durable = self.durable
+        if durable is not None and not durable.done():
+            await asyncio.wait([durable])
+        failure = self.store_failure()
+        if failure is not None:
+            raise failure
 
 
 @dataclass(slots=True, eq=False)
@@ -171,6 +232,10 @@ class _Live:
     spread: bool = False
     #: Reason of the first JudgeFailedError: the cohort is masked, spend no more calls.
     judge_failure: str | None = None
+    #: The judge_context digest of its passes (computed once).
+    context: str | None = None
+    reused: int = 0
+    resumed: int = 0
 
 
 class CohortRuntime:
@@ -182,12 +247,31 @@ class CohortRuntime:
         *,
         clock: Clock | None = None,
         observer: RuntimeObserver | None = None,
+        store: DurableStore | None = None,
+        judge_identity: Mapping[str, object] | None = None,
     ) -> None:
+        """``store`` is where decisions are made durable (default: ``memory://``, nothing
+        survives the process); ``judge_identity`` names the judge settings that can change
+        a verdict (model, sampling, budget), part of every journaled pass's context."""
         self.registry = registry
         self._observer: RuntimeObserver = observer or NullRuntimeObserver()
         self.config = config
         self._judge = judge
         self._clock: Clock = clock or LoopClock()
+        self.store: DurableStore = store if store is not None else MemoryDurable()
+        self._judge_identity = dict(judge_identity or {})
+        # Wall clock minus the runtime clock: records carry wall-clock instants.
+        registry.wall_offset = time.time() - self._clock.now()
+        self._pending: list[Record] = []
+        self._pending_write: asyncio.Future[None] | None = None
+        self._last_write: asyncio.Future[None] | None = None
+        # Ended cohorts whose final records are not confirmed durable yet.
+        self._unsettled: dict[CohortKey, asyncio.Future[None]] = {}
+        self._resume = VerdictJournal(reuse=False)
+        self.passes_reused = 0
+        self.passes_resumed = 0
+        self.store_failures = 0
+        self._closed = False
         self._sem = PrioritySemaphore(config.judge_max_concurrency)
         self._plan = pass_plan(config)
         self._live: dict[CohortKey, _Live] = {}
@@ -204,19 +288,118 @@ class CohortRuntime:
     def now(self) -> float:
         return self._clock.now()
 
+    async def open(self) -> int:
+        """Read back what the store holds and carry on with it; returns the active cohorts.
+
+        Collecting cohorts get their collection timer (time spent down counts);
+        evaluating cohorts resume at once and judge only the passes the journal lacks.
+        Raises :class:`StoreSchemaError` for a store this server cannot use.
+        """
+        recovered = await self.store.open(time.time())
+        now = self._clock.now()
+        cohorts = self.registry.restore(recovered, now)
+        self._resume.extend(recovered.verdicts)
+        for cohort in cohorts:
+            live = _Live(cohort=cohort)
+            self._live[cohort.key] = live
+            self._observer.cohort_started(cohort.key)
+            if cohort.phase is Phase.EVALUATING:
+                self._start_evaluation(live)
+            else:
+                live.collection_timer = self._clock.call_at(
+                    cohort.collection_deadline,
+                    functools.partial(self._on_collection_deadline, live),
+                )
+        if cohorts or recovered.tombstones:
+            log.info(
+                "store recovered",
+                extra={
+                    "active_cohorts": len(cohorts),
+                    "tombstones": len(recovered.tombstones),
+                    "journaled_passes": len(recovered.verdicts),
+                },
+            )
+        return len(cohorts)
+
     def submit(self, sub: Submission, *, on_progress: ProgressCallback | None = None) -> Ticket:
         """Apply one member submission; never awaits, so the decision is atomic."""
         decision = self.registry.submit(sub, self._clock.now())
+        write = self._persist(decision.records)
         for ended in decision.ended:
-            self._publish(ended)
-        return self._execute(sub, decision, on_progress)
+            self._publish(ended, write)
+        return self._execute(sub, decision, write, on_progress)
 
     def cancel_cohort(self, key: CohortKey, reason: str) -> bool:
         """Fail an active cohort now (operator action); its judge tasks are cancelled."""
         live = self._live.get(key)
-        if live is None or not self.registry.fail(live.cohort, reason, self._clock.now()):
+        if live is None:
             return False
-        self._publish(live.cohort)
+        return self._conclude(self.registry.fail(live.cohort, reason, self._clock.now()))
+
+    @property
+    def draining(self) -> bool:
+        return self.registry.draining
+
+    def passes_taken(self, key: CohortKey) -> tuple[int, int]:
+        """(reused, resumed) journal passes of an active cohort so far."""
+        live = self._live.get(key)
+        return (0, 0) if live is None else (live.reused, live.resumed)
+
+    # ------------------------------------------------------------------ durability
+    def _persist(self, records: list[Record]) -> asyncio.Future[None] | None:
+        """Queue ``records``; all queued in one loop iteration go to the store together.
+
+        Returns the future of their write (None when nothing was queued).
+        """
+        if not records:
+            return None
+        if not self.store.survives_restart:
+            # Nothing to wait for: the records only feed the in-process verdict index.
+            written = self.store.persist(records)
+            return None if written.done() and written.exception() is None else written
+        self._pending.extend(records)
+        write = self._pending_write
+        if write is None:
+            loop = asyncio.get_running_loop()
+            write = self._pending_write = loop.create_future()
+            loop.call_soon(self._flush)
+        return write
+
+    def _flush(self) -> None:
+        records, self._pending = self._pending, []
+        write, self._pending_write = self._pending_write, None
+        if write is None:
+            return
+        self._last_write = write
+        try:
+            stored = self.store.persist(records)
+        except Exception as exc:  # a store that raises instead of failing its future
+            stored = asyncio.get_running_loop().create_future()
+            stored.set_exception(StoreError(str(exc)))
+        stored.add_done_callback(lambda done: _copy_result(done, write))
+        write.add_done_callback(self._count_failure)
+
+    def _count_failure(self, write: asyncio.Future[None]) -> None:
+        if write.cancelled() or write.exception() is not None:
+            self.store_failures += 1
+            log.error(
+                "store write failed: %s", "cancelled" if write.cancelled() else write.exception()
+            )
+
+    async def flush(self) -> None:
+        """Wait until every record queued so far is written (or failed)."""
+        if self._pending_write is not None:
+            self._flush()
+        if self._last_write is not None:
+            await asyncio.gather(self._last_write, return_exceptions=True)
+
+    def _conclude(self, ended: Ended | None) -> bool:
+        """Persist an event's records and publish the cohorts it ended once they are durable."""
+        if not ended:
+            return False
+        write = self._persist(ended.records)
+        for cohort in ended:
+            self._publish(cohort, write)
         return True
 
     async def compare(self, prompt: PromptSpec, candidates: Sequence[CandidateSpec]) -> Completed:
@@ -299,13 +482,25 @@ class CohortRuntime:
                 log.warning("shutdown grace of %gs expired with evaluations running", grace_s)
             elif self._evaluating:
                 log.warning("shutdown grace cut short with evaluations running")
-        for cohort in self.registry.fail_all("server is shutting down", self._clock.now()):
-            self._publish(cohort)
+        if self.store.survives_restart:
+            # The store keeps every active cohort: the next process resumes them.
+            for cohort in self.registry.suspend_all():
+                self._suspend(cohort)
+        else:
+            self._conclude(self.registry.fail_all("server is shutting down", self._clock.now()))
         # What is still running belongs to no cohort (Compare's judge calls): cancel it,
         # or draining would wait up to judge_request_timeout_s.
         for task in list(self._owned):
             task.cancel()
         await self.drain_tasks()
+        await self.flush()
+
+    async def close(self) -> None:
+        """Close the store (after :meth:`shutdown`); idempotent."""
+        if not self._closed:
+            self._closed = True
+            await self.flush()
+            await self.store.close()
 
     def end_grace(self) -> None:
         """End the shutdown grace period now: running evaluations fail like at its expiry."""
@@ -326,18 +521,27 @@ class CohortRuntime:
             "judge_waiting": self._sem.waiting,
             "judge_calls": self.judge_calls,
             "compare_passes": self._compare_passes,
+            "passes_reused": self.passes_reused,
+            "passes_resumed": self.passes_resumed,
+            "store_failures": self.store_failures,
         }
 
     # ------------------------------------------------------------------ decisions
     def _execute(
-        self, sub: Submission, decision: SubmitDecision, on_progress: ProgressCallback | None
+        self,
+        sub: Submission,
+        decision: SubmitDecision,
+        write: asyncio.Future[None] | None,
+        on_progress: ProgressCallback | None,
     ) -> Ticket:
-        ticket = Ticket(decision.disposition)
+        ticket = Ticket(decision.disposition, durable=write)
         if decision.disposition is Disposition.REJECTED:
             ticket.rejection = decision.rejection
             return ticket
         if decision.disposition is Disposition.REPLAYED:
             ticket.replay = decision.replay
+            # An outcome whose records are still being written is not replayed before.
+            ticket.durable = self._unsettled.get(sub.key, write)
             return ticket
         cohort = decision.cohort
         assert cohort is not None
@@ -349,6 +553,8 @@ class CohortRuntime:
                 cohort.collection_deadline, lambda: self._on_collection_deadline(live)
             )
             self._observer.cohort_started(cohort.key)
+        elif ticket.durable is None and decision.disposition is Disposition.ATTACHED:
+            ticket.durable = self._last_write  # the member's own write may still be running
         waiter = Waiter(live, sub.rollout_index, on_progress)
         live.waiters.setdefault(sub.rollout_index, set()).add(waiter)
         ticket.waiter = waiter
@@ -396,12 +602,23 @@ class CohortRuntime:
             if live.priority is None:
                 self._ready_seq += 1
                 live.priority = self._ready_seq
-            inp = self._judge_input(live.cohort, job)
-            task = self._own(
-                self._judge_pair(live, job, inp), name=f"judge {live.cohort.key} {job}"
-            )
+            key = live.cohort.key
+            journaled = self._resume.resume(key, job.i, job.j, job.judge_index)
+            if journaled is not None:
+                # Finished before a restart: its journaled verdict, no judge call.
+                coro: Coroutine[Any, Any, _PairResult] = self._resumed(live, job, journaled)
+            else:
+                coro = self._judge_pair(live, job, self._judge_input(live.cohort, job))
+            task = self._own(coro, name=f"judge {key} {job}")
             live.pair_tasks[job.order] = task
         return task
+
+    async def _resumed(self, live: _Live, job: Pass, record: VerdictRecord) -> _PairResult:
+        live.resumed += 1
+        self.passes_resumed += 1
+        usage = None if record.usage is None else TokenUsage(*record.usage)
+        pair = JudgedPair(job.i, job.j, job.judge_index, record.verdict)
+        return _PairResult(pair, usage, "resumed")
 
     # ------------------------------------------------------------------ tasks
     def _own(self, coro: Coroutine[Any, Any, _T], *, name: str) -> asyncio.Task[_T]:
@@ -430,6 +647,15 @@ class CohortRuntime:
     async def _judge_pair(self, live: _Live, job: Pass, inp: JudgeInput) -> _PairResult:
         cohort = live.cohort
         assert live.priority is not None
+        journal = not live.spread  # a Compare is not a cohort: nothing to journal or reuse
+        question = self._question(live, job, inp) if journal else None
+        if question is not None and self._may_reuse(cohort):
+            reused = await self._reusable(cohort, job, question)
+            if reused is not None:
+                live.reused += 1
+                self.passes_reused += 1
+                self._progress(live, job)
+                return reused
         # Cohort passes queue by (readiness, pass order); a comparison's pass p by
         # readiness + p, after any cohort of that rank (see ``compare``).
         if live.spread:
@@ -452,17 +678,87 @@ class CohortRuntime:
                     # evaluation's own wait cancels them.)
                     self._cancel_pairs(live, keep=asyncio.current_task())
                 raise
-        if cohort.active:
-            progress = PairProgress(cohort.key, job.i, job.j, job.judge_index)
-            callbacks = {
-                w.on_progress: None
-                for ws in live.waiters.values()
-                for w in ws
-                if w.on_progress is not None
-            }
-            for callback in callbacks:
-                callback(progress)
+        if question is not None:
+            # Journaled the moment it finished: a restart resumes without this call.
+            context, first, second = question
+            scope = cohort.key.group_scope
+            usage = out.usage
+            self._persist(
+                [
+                    VerdictRecord(
+                        cohort=cohort.key,
+                        scope=scope,
+                        context=context,
+                        first=first,
+                        second=second,
+                        judge_index=job.judge_index,
+                        swap=job.swap,
+                        response_i=job.i,
+                        response_j=job.j,
+                        verdict=out.verdict,
+                        usage=None
+                        if usage is None
+                        else (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens),
+                        finished_at=time.time(),
+                    )
+                ]
+            )
+        self._progress(live, job)
         return _PairResult(JudgedPair(job.i, job.j, job.judge_index, out.verdict), out.usage)
+
+    def _progress(self, live: _Live, job: Pass) -> None:
+        cohort = live.cohort
+        if not cohort.active:
+            return
+        progress = PairProgress(cohort.key, job.i, job.j, job.judge_index)
+        callbacks = {
+            w.on_progress: None for ws in live.waiters.values() for w in ws if w.on_progress
+        }
+        for callback in callbacks:
+            callback(progress)
+
+    def _question(self, live: _Live, job: Pass, inp: JudgeInput) -> tuple[str, str, str]:
+        """(context, first, second): what a journaled verdict answers, as digests."""
+        cohort = live.cohort
+        if live.context is None:
+            settings = {
+                **self._judge_identity,
+                "principle": inp.principle,
+                "comparison_mode": self.config.comparison_mode,
+            }
+            live.context = judge_context(cohort.prompt_digest, settings)
+        members = cohort.members
+        first = members[job.i].candidate.digest
+        if self.config.comparison_mode == "fixed_baseline":
+            baseline = (cohort.prompt.baseline_response or "").encode("utf-8", "surrogatepass")
+            second = hashlib.sha256(baseline).hexdigest()
+        else:
+            second = members[job.j].candidate.digest
+        return live.context, first, second
+
+    def _may_reuse(self, cohort: Cohort) -> bool:
+        # Only a later attempt of an explicit group; legacy keys are always judged again.
+        return (
+            cohort.follows_attempt and cohort.key.explicit and self.config.verdict_reuse == "group"
+        )
+
+    async def _reusable(
+        self, cohort: Cohort, job: Pass, question: tuple[str, str, str]
+    ) -> _PairResult | None:
+        scope = cohort.key.group_scope
+        assert scope is not None
+        context, first, second = question
+        try:
+            found = await self.store.find_verdict(
+                scope, context, first, second, job.judge_index, job.swap
+            )
+        except StoreError as exc:
+            log.warning("verdict journal lookup failed, judging instead: %s", exc)
+            return None
+        if found is None or found.verdict.parse_failed:
+            # A verdict that fell back to the default scores is asked again.
+            return None
+        return _PairResult(JudgedPair(job.i, job.j, job.judge_index, found.verdict), None, "reused")
 
     def _cancel_pairs(self, live: _Live, *, keep: asyncio.Task[Any] | None = None) -> None:
         for task in live.pair_tasks.values():
@@ -477,22 +773,35 @@ class CohortRuntime:
                 tasks.append(self._start_pair(live, job))
                 if len(tasks) % START_SLICE == 0:
                     await asyncio.sleep(0)  # a large cohort: let other work run
+            now = self._clock.now
             try:
                 results = await _all_or_first_error(tasks)
             except JudgeFailedError as exc:
-                outcome: Completed | Masked = Masked(reason=clip_reason(exc.reason))
+                ended = self.registry.judge_failed(
+                    cohort, exc.reason, now(), reused=live.reused, resumed=live.resumed
+                )
             else:
-                outcome = self._score(cohort, results)
-            if self.registry.evaluation_finished(cohort, outcome, self._clock.now()):
-                self._publish(cohort)
+                try:
+                    outcome = self._score(cohort, results, live)
+                except Exception as exc:
+                    log.exception("aggregation of cohort %s failed", cohort.key)
+                    ended = self.registry.aggregation_failed(
+                        cohort, f"aggregation failed: {exc}", now()
+                    )
+                else:
+                    ended = self.registry.evaluation_finished(cohort, outcome, now())
+            self._conclude(ended)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.exception("evaluation of cohort %s failed", cohort.key)
-            if self.registry.fail(cohort, f"evaluation failed: {exc}", self._clock.now()):
-                self._publish(cohort)
+            self._conclude(
+                self.registry.fail(cohort, f"evaluation failed: {exc}", self._clock.now())
+            )
 
-    def _score(self, cohort: Cohort, results: Sequence[_PairResult]) -> Completed:
+    def _score(
+        self, cohort: Cohort, results: Sequence[_PairResult], live: _Live | None = None
+    ) -> Completed:
         members = cohort.snapshot
         assert members is not None
         texts = [m.candidate.texts for m in members]
@@ -519,34 +828,33 @@ class CohortRuntime:
             )
             for k, s in enumerate(scores.members)
         )
-        return Completed(rewards=rewards, metrics=metrics, judged=judged)
+        return Completed(
+            rewards=rewards,
+            metrics=metrics,
+            judged=judged,
+            passes_reused=live.reused if live is not None else 0,
+            passes_resumed=live.resumed if live is not None else 0,
+        )
 
     # ------------------------------------------------------------------ timers
     def _on_collection_deadline(self, live: _Live) -> None:
         live.collection_timer = None
-        if self.registry.collection_deadline(live.cohort, self._clock.now()):
-            self._publish(live.cohort)
+        self._conclude(self.registry.collection_deadline(live.cohort, self._clock.now()))
 
     def _on_evaluation_deadline(self, live: _Live) -> None:
         live.evaluation_timer = None
-        if self.registry.evaluation_deadline(live.cohort, self._clock.now()):
-            self._publish(live.cohort)
+        self._conclude(self.registry.evaluation_deadline(live.cohort, self._clock.now()))
 
     # ------------------------------------------------------------------ publication
-    def _publish(self, cohort: Cohort) -> None:
-        """Hand a terminal cohort's outcome to all its waiters at once, then clean up."""
+    def _retire(self, cohort: Cohort) -> tuple[_Live | None, list[Waiter]]:
+        """Stop everything a cohort that left this process runs; return its waiters."""
         live = self._live.pop(cohort.key, None)
         if live is None or live.cohort is not cohort:
             if live is not None:  # a different cohort object under the key: keep it
                 self._live[cohort.key] = live
-            return
-        outcome = cohort.outcome
-        assert outcome is not None and cohort.phase in (Phase.COMPLETED, Phase.FAILED)
+            return None, []
         waiters = [w for ws in live.waiters.values() for w in ws]
         live.waiters.clear()
-        for waiter in waiters:
-            if not waiter.future.done():
-                waiter.future.set_result(outcome)
         for timer in (live.collection_timer, live.evaluation_timer):
             if timer is not None:
                 timer.cancel()
@@ -555,7 +863,75 @@ class CohortRuntime:
             if task is not None and task is not current and not task.done():
                 task.cancel()
         live.pair_tasks.clear()
+        self._resume.drop(cohort.key)
+        return live, waiters
+
+    def _publish(self, cohort: Cohort, write: asyncio.Future[None] | None) -> None:
+        """Hand a terminal cohort's outcome to all its waiters at once, once it is durable.
+
+        ``write`` is the store write of the records that ended it: until it succeeds the
+        outcome is neither delivered nor replayed; if it fails, the waiters get
+        STORE_UNAVAILABLE and the records are written again until they are stored.
+        """
+        live, waiters = self._retire(cohort)
+        if live is None:
+            return
+        outcome = cohort.outcome
+        assert outcome is not None and cohort.phase in (Phase.COMPLETED, Phase.FAILED)
         self._log_outcome(cohort, outcome, len(waiters))
+        if write is None or (write.done() and write.exception() is None):
+            _deliver(waiters, outcome)
+            return
+        key = cohort.key
+        self._unsettled[key] = write
+
+        def settled(done: asyncio.Future[None]) -> None:
+            error = done.exception() if not done.cancelled() else StoreError("cancelled")
+            if error is None:
+                if self._unsettled.get(key) is done:
+                    del self._unsettled[key]
+                _deliver(waiters, outcome)
+                return
+            _interrupt(waiters, store_unavailable(f"the outcome of cohort {key}", error))
+            self._rewrite(cohort, key)
+
+        write.add_done_callback(settled)
+
+    def _rewrite(self, cohort: Cohort, key: CohortKey) -> None:
+        """Write an ended cohort's final records again (after a failed write)."""
+        if self._closed:
+            return
+        records = self.registry.final_records(cohort)
+        loop = asyncio.get_running_loop()
+        retry: asyncio.Future[None] = loop.create_future()
+        self._unsettled[key] = retry
+
+        def again() -> None:
+            write = self._persist(records)
+            if write is None:
+                retry.set_result(None)
+                return
+            write.add_done_callback(lambda done: _copy_result(done, retry))
+
+        def settled(done: asyncio.Future[None]) -> None:
+            if done.exception() is None:
+                if self._unsettled.get(key) is done:
+                    del self._unsettled[key]
+            else:
+                self._rewrite(cohort, key)
+
+        retry.add_done_callback(settled)
+        loop.call_later(REWRITE_DELAY_S, again)
+
+    def _suspend(self, cohort: Cohort) -> None:
+        """The server stops; the cohort stays in the store for the next process."""
+        _, waiters = self._retire(cohort)
+        interrupted = CallInterrupted(
+            Reason.SHUTTING_DOWN,
+            f"the server is restarting; cohort {cohort.key} is kept in its store and resumes "
+            "when it is back: resend the identical member to reattach",
+        )
+        _interrupt(waiters, interrupted)
 
     def _log_outcome(self, cohort: Cohort, outcome: Outcome, waiters: int) -> None:
         age_s = self._clock.now() - cohort.created_at
@@ -581,6 +957,30 @@ class CohortRuntime:
                 "cohort failed", extra={**fields, "outcome": kind, "reason": outcome.reason}
             )
         self._observer.cohort_finished(cohort.key, kind, age_s)
+
+
+def _deliver(waiters: list[Waiter], outcome: Outcome) -> None:
+    for waiter in waiters:
+        if not waiter.future.done():
+            waiter.future.set_result(outcome)
+
+
+def _interrupt(waiters: list[Waiter], error: CallInterrupted) -> None:
+    for waiter in waiters:
+        if not waiter.future.done():
+            waiter.future.set_exception(error)
+            waiter.future.exception()  # retrieved: a caller that left logs nothing
+
+
+def _copy_result(source: asyncio.Future[None], target: asyncio.Future[None]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.set_exception(StoreError("the store write was cancelled"))
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(None)
 
 
 def _retrieve_exception(task: asyncio.Task[Any]) -> None:

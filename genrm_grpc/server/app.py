@@ -33,8 +33,8 @@ from genrm_grpc.server.documented_reflection import enable_documented_reflection
 from genrm_grpc.server.interceptors import UndecodableRequestInterceptor
 from genrm_grpc.server.security import Principals, TokenAuthInterceptor, server_credentials
 from genrm_grpc.server.servicer import CohortServicer
-from genrm_grpc.store.base import CohortStore
-from genrm_grpc.store.memory import MemoryStore, StoreView
+from genrm_grpc.store.durable import store_from_url
+from genrm_grpc.store.memory import MemoryStore
 
 if TYPE_CHECKING:
     from genrm_grpc.observability.tracing import Tracing
@@ -43,8 +43,20 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CohortService"].full_name
 
-#: The cohort store of each ``store`` setting.
-STORES: dict[str, Callable[[StoreView], CohortStore]] = {"memory": MemoryStore}
+
+def judge_identity(settings: Settings) -> dict[str, object]:
+    """The judge settings that can change a verdict (part of each journaled pass's
+    context; the URL is not: replicas of one model behind other addresses agree)."""
+    judge = settings.judge
+    return {
+        "api": judge.api,
+        "model": judge.model,
+        "max_output_tokens": judge.max_output_tokens,
+        "temperature": judge.temperature,
+        "top_p": judge.top_p,
+        "default_score": settings.default_score,
+        "default_ranking": settings.default_ranking,
+    }
 
 
 # Keepalive policy. Collectors ping every 30 s to keep idle channels through NATs and
@@ -172,8 +184,15 @@ class CohortServer:
         )
         self._judge_monitor_task: asyncio.Task[None] | None = None
         # Every component reads its own scoped view of the one Settings: nothing copied.
-        self.registry = CohortRegistry(settings, STORES[settings.store](settings))
-        self.runtime = CohortRuntime(self.registry, self.judge, settings, observer=runtime_observer)
+        self.registry = CohortRegistry(settings, MemoryStore(settings))
+        self.runtime = CohortRuntime(
+            self.registry,
+            self.judge,
+            settings,
+            observer=runtime_observer,
+            store=store_from_url(settings.store),
+            judge_identity=judge_identity(settings),
+        )
         self.metrics.attach_runtime(self.runtime)
         interceptors: list[Any] = []
         if self.tracing is not None:
@@ -218,11 +237,14 @@ class CohortServer:
         self._stopping: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
-        """Bind and start; a busy or foreign address raises :class:`ListenError`."""
+        """Bind and start; a busy or foreign address raises :class:`ListenError`, a store
+        this server cannot use :class:`StoreSchemaError` (before anything is served)."""
         listen, tls = self.settings.listen, self.settings.tls
         check_listen(listen, reuse_port=self.settings.listen_reuse_port)
         if self.settings.metrics_listen is not None:
             check_listen(self.settings.metrics_listen, reuse_port=False, what="metrics_listen")
+        # The store first: cohorts it holds resume before the first call is taken.
+        await self.runtime.open()
         try:
             if tls is not None:
                 self.port = self.server.add_secure_port(listen, server_credentials(tls))
@@ -272,6 +294,8 @@ class CohortServer:
     async def close_unstarted(self) -> None:
         """Release what ``__init__`` and a failed ``start()`` took, without a drain."""
         await self.server.stop(None)
+        await self.runtime.shutdown(0)
+        await self.runtime.close()
         await self.judge.aclose()
         if self.metrics_endpoint is not None:
             await self.metrics_endpoint.stop()
@@ -308,6 +332,7 @@ class CohortServer:
         stopping = asyncio.ensure_future(self.server.stop(grace=grace + FLUSH_S))
         await self.runtime.shutdown(grace)
         await stopping
+        await self.runtime.close()
         await self.judge.aclose()
         if self.metrics_endpoint is not None:
             await self.metrics_endpoint.stop()

@@ -91,7 +91,12 @@ def member_result(
     coords: MemberCoords, outcome: Completed | Masked, *, replayed: bool
 ) -> pb.MemberResult:
     """The wire result of one member of a completed (possibly masked) cohort."""
-    result = pb.MemberResult(member=coords_to_proto(coords), replayed=replayed)
+    result = pb.MemberResult(
+        member=coords_to_proto(coords),
+        replayed=replayed,
+        judge_passes_reused=outcome.passes_reused,
+        judge_passes_resumed=outcome.passes_resumed,
+    )
     result.group_metrics.update(_metrics(outcome.metrics))
     if isinstance(outcome, Masked):
         result.mask_sample = True
@@ -114,8 +119,14 @@ def _metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 def cohort_info(
-    cohort: Cohort | Tombstone, *, latest_attempt: int | None, now: float
+    cohort: Cohort | Tombstone,
+    *,
+    latest_attempt: int | None,
+    now: float,
+    passes: tuple[int, int] = (0, 0),
 ) -> pb.CohortInfo:
+    """``passes``: (reused, resumed) so far, for an active cohort (a terminal one's
+    outcome carries its own)."""
     if isinstance(cohort, Cohort):
         phase = cohort.phase
         present = sorted(cohort.members)
@@ -132,6 +143,8 @@ def cohort_info(
         present = sorted(cohort.digests)  # only for operators: rebuilt on demand
         remaining = 0.0
     reason = outcome.reason if isinstance(outcome, Failed | Masked) else ""
+    if isinstance(outcome, Completed | Masked):
+        passes = (outcome.passes_reused, outcome.passes_resumed)
     return pb.CohortInfo(
         key=str(cohort.key),
         phase=PHASE_TO_PROTO[phase],
@@ -140,4 +153,6 @@ def cohort_info(
         latest_attempt=latest_attempt if latest_attempt is not None else cohort.key.attempt,
         failure_reason=reason,
         seconds_to_deadline=max(0.0, remaining),
+        judge_passes_reused=passes[0],
+        judge_passes_resumed=passes[1],
     )

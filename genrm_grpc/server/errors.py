@@ -24,6 +24,7 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.COHORT_FAILED: grpc.StatusCode.ABORTED,
     Reason.CAPACITY_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
+    Reason.STORE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     Reason.JUDGE_FAILED: grpc.StatusCode.UNAVAILABLE,
     Reason.COHORT_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.CALL_WAIT_EXPIRED: grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -45,6 +45,7 @@ from genrm_grpc.observability.hooks import (
     SubmitTracer,
 )
 from genrm_grpc.runtime.engine import (
+    CallInterrupted,
     CohortRuntime,
     CompareCapacityError,
     PairProgress,
@@ -172,6 +173,9 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             self._observer.masked_result()
         return result
 
+    def _interrupted(self, sub: Submission, exc: CallInterrupted) -> Rejection:
+        return self._rejected(Rejection(exc.reason, exc.message, coords_metadata(sub.coords)))
+
     def _rejected(self, rejection: Rejection) -> Rejection:
         self._observer.member_rejected(rejection.reason.value)
         return rejection
@@ -207,17 +211,24 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         ticket = self._submit(sub)
         if ticket.rejection is not None:
             await abort(context, ticket.rejection)
-        if ticket.replay is not None:
-            answer = self._replay(sub, ticket)
-        else:
-            assert ticket.waiter is not None
-            # A cancelled or expired call ends here; Waiter.wait removes only this waiter.
-            try:
-                async with asyncio.timeout(self._wait_cap(context)):
-                    outcome = await ticket.waiter.wait()
-            except TimeoutError:
-                await abort(context, self._wait_expired(coords_metadata(sub.coords)))
-            answer = self._outcome_to_result(sub, ticket, outcome)
+        try:
+            # Nothing is answered before what it depends on is in the store.
+            await ticket.persisted()
+            if ticket.replay is not None:
+                answer = self._replay(sub, ticket)
+            else:
+                assert ticket.waiter is not None
+                # A cancelled or expired call ends here; Waiter.wait removes only this waiter.
+                try:
+                    async with asyncio.timeout(self._wait_cap(context)):
+                        outcome = await ticket.waiter.wait()
+                except TimeoutError:
+                    await abort(context, self._wait_expired(coords_metadata(sub.coords)))
+                answer = self._outcome_to_result(sub, ticket, outcome)
+        except CallInterrupted as exc:
+            if ticket.waiter is not None:
+                ticket.waiter.release()
+            answer = self._interrupted(sub, exc)
         if isinstance(answer, Rejection):
             await abort(context, answer)
         return pb.SubmitMemberResponse(result=answer)
@@ -261,7 +272,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
                 Reason.CAPACITY_EXHAUSTED,
                 f"request of {request.ByteSize()} bytes exceeds max_message_bytes",
             )
-        if self._runtime.registry.draining:
+        if self._runtime.draining:
             return Rejection(Reason.SHUTTING_DOWN, "the server is shutting down")
         if self._bounds is not None:
             return self._bounds.compare(request)
@@ -356,8 +367,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         key = resolve_key(coords, prompt_digest(convert.prompt_from_proto(request.prompt)))
         if principal:
             key = dataclasses.replace(key, principal=principal)
-        cohort = registry.active(key)
-        found = cohort if cohort is not None else registry.store.tombstone(key, now)
+        found = registry.lookup(key, now)
         if found is None:
             meta = {}
             if key.group_id is not None:
@@ -367,7 +377,12 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
                 Rejection(Reason.COHORT_NOT_FOUND, f"no cohort {key} on this server", meta),
             )
         return pb.GetCohortResponse(
-            cohort=convert.cohort_info(found, latest_attempt=latest, now=now)
+            cohort=convert.cohort_info(
+                found,
+                latest_attempt=latest,
+                now=now,
+                passes=self._runtime.passes_taken(key),
+            )
         )
 
 
@@ -526,15 +541,48 @@ class _GroupStream:
         if ticket.rejection is not None:
             self._error(ref, ticket.rejection)
             return
-        self._push(pb.StreamGroupsResponse(accepted=pb.MemberAccepted(member=ref)))
+        durable = ticket.durable
         if ticket.replay is not None:
-            self._answer(ref, servicer._replay(sub, ticket))
+            if durable is not None and not durable.done():
+                durable.add_done_callback(lambda _: self._replay(sub, ticket, ref))
+            else:
+                self._replay(sub, ticket, ref)
             return
         waiter = ticket.waiter
         assert waiter is not None
         self._hold(sub, cost)
-        self._held[waiter.future] = _Held(sub, ticket, ref, cost)
+        held = _Held(sub, ticket, ref, cost)
+        self._held[waiter.future] = held
         waiter.future.add_done_callback(self._on_settled_cb)
+        # "accepted" only once the member is in the store.
+        if durable is not None and not durable.done():
+            durable.add_done_callback(lambda _: self._accepted(held))
+        else:
+            self._accepted(held)
+
+    def _replay(self, sub: Submission, ticket: Ticket, ref: pb.MemberRef) -> None:
+        failure = ticket.store_failure()
+        if failure is not None:
+            self._error(ref, self._servicer._interrupted(sub, failure))
+            return
+        self._push(pb.StreamGroupsResponse(accepted=pb.MemberAccepted(member=ref)))
+        self._answer(ref, self._servicer._replay(sub, ticket))
+
+    def _accepted(self, held: _Held) -> None:
+        waiter = held.ticket.waiter
+        assert waiter is not None
+        if self._held.get(waiter.future) is not held:
+            return  # the stream ended meanwhile
+        failure = held.ticket.store_failure()
+        if failure is None:
+            self._push(pb.StreamGroupsResponse(accepted=pb.MemberAccepted(member=held.ref)))
+            return
+        del self._held[waiter.future]
+        self._release(held)
+        waiter.release()
+        self._error(held.ref, self._servicer._interrupted(held.sub, failure))
+        if not self._held and not self._reading:
+            self._wake.set()
 
     def _over_bounds(self, sub: Submission, cost: int) -> Rejection | None:
         limits = self._limits
@@ -588,6 +636,12 @@ class _GroupStream:
         if waiter is not None:
             waiter.release()
         if future.cancelled():
+            return
+        error = future.exception()
+        if isinstance(error, CallInterrupted):
+            self._error(held.ref, self._servicer._interrupted(held.sub, error))
+            if not self._held and not self._reading:
+                self._wake.set()
             return
         try:
             answer = self._servicer._outcome_to_result(held.sub, held.ticket, future.result())

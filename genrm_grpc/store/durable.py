@@ -22,12 +22,17 @@ from genrm_grpc.store.records import (
     DropTombstone,
     Record,
     Recovered,
+    TombstoneRecord,
     VerdictRecord,
 )
 from genrm_grpc.store.sqlite import SqliteStore
 
 
 class DurableStore(Protocol):
+    #: True when what is persisted outlives the process (a drain then keeps active
+    #: cohorts for the next process instead of failing them).
+    survives_restart: bool
+
     async def open(self, now_wall: float) -> Recovered:
         """Prepare the store and return what it holds that has not expired."""
 
@@ -45,9 +50,13 @@ class DurableStore(Protocol):
 class MemoryDurable:
     """Nothing is written anywhere: a restart starts from nothing.
 
-    Journaled verdicts are kept in an in-process index, so verdict reuse between
-    attempts of a group works as with a file, for as long as the process lives.
+    Journaled verdicts of masked and failed attempts are kept in an in-process index, so
+    verdict reuse between attempts of a group works for the usual retry (a judge outage
+    masked attempt k, attempt k + 1 sends the same answers) for as long as the process
+    lives; a file keeps every attempt's verdicts.
     """
+
+    survives_restart = False
 
     def __init__(self) -> None:
         self.records = 0
@@ -61,6 +70,13 @@ class MemoryDurable:
         for record in records:
             if isinstance(record, VerdictRecord):
                 self._journal.add(record)
+            elif isinstance(record, TombstoneRecord):
+                tomb = record.tombstone
+                if not tomb.masked and tomb.failed is None:
+                    # A completed cohort's verdicts are rarely asked again, and in memory
+                    # they would cost ~100 objects per retained cohort: only masked and
+                    # failed attempts (those a caller retries) keep theirs.
+                    self._journal.drop(tomb.key)
             elif isinstance(record, DropTombstone) or (
                 isinstance(record, DropCohort) and not record.keep_verdicts
             ):

@@ -41,6 +41,9 @@ class MemoryStore:
         self._max = config.max_terminal_cohorts
         self._tombstones: OrderedDict[_Key, tuple[float, bytes]] = OrderedDict()
         self._watermarks: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        #: Told of every tombstone (its key) and watermark (its scope) that retention
+        #: drops, so that a durable store drops it too.
+        self.on_evict: Callable[[str, CohortKey | str], None] = _ignore
 
     def watermark(self, group_id: str, now: float) -> int | None:
         entry = self._watermarks.get(group_id)
@@ -48,10 +51,15 @@ class MemoryStore:
             return None
         return entry[1]
 
-    def raise_watermark(self, group_id: str, attempt: int, now: float) -> None:
+    def raise_watermark(
+        self, group_id: str, attempt: int, now: float, expires_at: float | None = None
+    ) -> None:
         entry = self._watermarks.pop(group_id, None)
         newest = attempt if entry is None else max(entry[1], attempt)
-        self._watermarks[group_id] = (now + self._ttl, newest)
+        expires = now + self._ttl if expires_at is None else expires_at
+        if entry is not None:
+            expires = max(expires, entry[0])
+        self._watermarks[group_id] = (expires, newest)
 
     def tombstone(self, key: CohortKey, now: float) -> Tombstone | None:
         entry = self._tombstones.get(_key(key))
@@ -59,15 +67,18 @@ class MemoryStore:
             return None
         return Tombstone.from_record(entry[1])
 
-    def put_tombstone(self, tombstone: Tombstone, now: float) -> None:
+    def put_tombstone(
+        self, tombstone: Tombstone, now: float, expires_at: float | None = None
+    ) -> None:
         key = _key(tombstone.key)
         tombs = self._tombstones
         tombs.pop(key, None)
-        tombs[key] = (now + self._ttl, tombstone.record())
+        tombs[key] = (now + self._ttl if expires_at is None else expires_at, tombstone.record())
         # The bound holds at insert, not only at the next sweep: cohorts that end by
         # timer or shutdown, with no submission in between, must not pile up.
         while len(tombs) > self._max:
-            tombs.popitem(last=False)
+            dropped, _ = tombs.popitem(last=False)
+            self.on_evict("tombstone", CohortKey(*dropped))
 
     def evict(self, now: float, pinned: Callable[[str], bool]) -> int:
         examined = 0
@@ -78,6 +89,7 @@ class MemoryStore:
             if expires > now and len(tombs) <= self._max:
                 break
             del tombs[key]
+            self.on_evict("tombstone", CohortKey(*key))
         marks = self._watermarks
         # A pinned watermark (its group has an active cohort) is refreshed and moved to
         # the end rather than dropped. Only a few are moved per call: with more active
@@ -94,6 +106,8 @@ class MemoryStore:
             if pinned(group_id):
                 marks[group_id] = (now + self._ttl, attempt)
                 rotations += 1
+            else:
+                self.on_evict("watermark", group_id)
         return examined
 
     def counts(self) -> Mapping[str, int]:
@@ -101,3 +115,7 @@ class MemoryStore:
             "tombstones": len(self._tombstones),
             "watermarks": len(self._watermarks),
         }
+
+
+def _ignore(kind: str, key: CohortKey | str) -> None:
+    return None

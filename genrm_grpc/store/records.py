@@ -48,6 +48,8 @@ class CohortRecord:
     created_at: float
     collection_deadline: float
     evaluation_deadline: float | None = None
+    #: An earlier attempt of its group was seen (its verdicts may be reused).
+    follows_attempt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

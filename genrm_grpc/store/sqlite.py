@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -52,7 +54,7 @@ from genrm_grpc.store.records import (
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Each entry migrates from version N to N + 1 (index N); version 0 is an empty file.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -115,6 +117,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE INDEX verdicts_by_question ON verdicts
             (scope, context, first, second, judge_index, swap) WHERE scope IS NOT NULL""",
     ),
+    # 2: a cohort remembers whether an earlier attempt of its group was seen.
+    ("ALTER TABLE cohorts ADD COLUMN follows_attempt INTEGER NOT NULL DEFAULT 0",),
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
@@ -142,6 +146,8 @@ class SqliteStats:
 class SqliteStore:
     """Durable records in one SQLite file, written by one thread."""
 
+    survives_restart = True
+
     def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
         self.path = Path(path)
         self._synchronous = synchronous
@@ -150,6 +156,7 @@ class SqliteStore:
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
+        self._lock_fd: int | None = None
         self.stats = SqliteStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -171,6 +178,30 @@ class SqliteStore:
         if reader is not None:
             with self._reader_lock:
                 reader.close()
+        self._unlock_file()
+
+    def _lock_file(self) -> None:
+        """Hold ``PATH.lock`` exclusively: two servers on one file would each resume the
+        other's cohorts and judge them twice. The kernel drops the lock when the process
+        dies (SIGKILL included), so a restarted server never finds a stale one."""
+        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreSchemaError(
+                f"the store {self.path} is in use by another server (pid {holder}); "
+                "one file serves one server process"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def _unlock_file(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # releases the flock
 
     # ------------------------------------------------------------------ reading
     async def find_verdict(
@@ -231,8 +262,10 @@ class SqliteStore:
     def _open(self, now_wall: float) -> Recovered:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_file()
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except (OSError, sqlite3.Error) as exc:
+            self._unlock_file()
             raise StoreSchemaError(f"cannot open the store {self.path}: {exc}") from exc
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -258,10 +291,12 @@ class SqliteStore:
             self._reader.execute("PRAGMA query_only=ON")
         except StoreSchemaError:
             conn.close()
+            self._unlock_file()
             raise
         except (sqlite3.Error, ValueError, TypeError, EOFError) as exc:
             # EOFError, ValueError, TypeError: a record that does not decode.
             conn.close()
+            self._unlock_file()
             raise StoreSchemaError(f"the store {self.path} is unreadable: {exc}") from exc
         self._conn = conn
         return recovered
@@ -381,7 +416,7 @@ def _apply(conn: sqlite3.Connection, record: Record) -> None:
         )
     elif isinstance(record, CohortRecord):
         conn.execute(
-            "INSERT OR REPLACE INTO cohorts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO cohorts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 encode_key(record.key),
                 record.key.group_id,
@@ -393,6 +428,7 @@ def _apply(conn: sqlite3.Connection, record: Record) -> None:
                 record.created_at,
                 record.collection_deadline,
                 record.evaluation_deadline,
+                record.follows_attempt,
             ),
         )
     elif isinstance(record, DropCohort):
@@ -469,12 +505,24 @@ def _load(conn: sqlite3.Connection, now_wall: float) -> Recovered:
                 created_at=created,
                 collection_deadline=collection,
                 evaluation_deadline=evaluation,
+                follows_attempt=bool(follows),
             ),
             tuple(members.get(key, ())),
         )
-        for key, seq, size, prompt, digest, phase, created, collection, evaluation in conn.execute(
+        for (
+            key,
+            seq,
+            size,
+            prompt,
+            digest,
+            phase,
+            created,
+            collection,
+            evaluation,
+            follows,
+        ) in conn.execute(
             "SELECT key, seq, group_size, prompt, prompt_digest, phase, created_at, "
-            "collection_deadline, evaluation_deadline FROM cohorts ORDER BY seq"
+            "collection_deadline, evaluation_deadline, follows_attempt FROM cohorts ORDER BY seq"
         )
     )
     tombstones = tuple(

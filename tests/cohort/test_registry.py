@@ -141,7 +141,7 @@ def test_identical_resubmission_after_an_explicit_cohort_completed_replays() -> 
 def test_identical_resubmission_after_a_masked_cohort_replays_the_mask() -> None:
     reg, _ = registry()
     cohort = fill(reg, T0)
-    assert reg.evaluation_finished(cohort, Masked("judge down"), T0 + 1)
+    assert reg.judge_failed(cohort, "judge down", T0 + 1)
     assert cohort.phase is Phase.COMPLETED
     replay = reg.submit(sub(1), T0 + 2)
     assert replay.disposition is Disposition.REPLAYED
@@ -606,7 +606,7 @@ def test_a_completed_outcome_with_the_wrong_number_of_rewards_fails_the_cohort(
 def test_a_masked_outcome_completes_the_cohort() -> None:
     reg, _ = registry()
     cohort = fill(reg, T0)
-    assert reg.evaluation_finished(cohort, Masked("judge failed: 503"), T0 + 1)
+    assert reg.judge_failed(cohort, "judge failed: 503", T0 + 1)
     assert cohort.phase is Phase.COMPLETED and cohort.outcome == Masked("judge failed: 503")
     assert not reg.evaluation_finished(cohort, completed(3), T0 + 2)
 
@@ -844,7 +844,7 @@ def test_a_new_attempt_at_capacity_replaces_its_old_attempt_but_a_new_group_is_r
 
 def _mask_legacy(reg: CohortRegistry, now: float, **kw: Any) -> Cohort:
     cohort = fill(reg, now, gid=None, **kw)
-    assert reg.evaluation_finished(cohort, Masked(reason="judge failed: HTTP 503"), now)
+    assert reg.judge_failed(cohort, "judge failed: HTTP 503", now)
     return cohort
 
 
@@ -884,7 +884,7 @@ def test_a_masked_legacy_key_is_fenced_only_until_retention_drops_it() -> None:
 def test_legacy_advice_survives_a_judge_reason_of_the_maximum_length() -> None:
     reg, _ = registry()
     cohort = fill(reg, T0, gid=None, task_index=1)
-    assert reg.evaluation_finished(cohort, Masked(reason="é" * 5000), T0)
+    assert reg.judge_failed(cohort, "é" * 5000, T0)
     assert isinstance(cohort.outcome, Masked)
     assert cohort.outcome.reason.endswith(LEGACY_RETRY_ADVICE)
     assert len(cohort.outcome.reason.encode()) <= 2000
@@ -893,7 +893,7 @@ def test_legacy_advice_survives_a_judge_reason_of_the_maximum_length() -> None:
 def test_a_masked_explicit_cohort_still_replays_and_a_newer_attempt_recovers() -> None:
     reg, _ = registry()
     cohort = fill(reg, T0)
-    assert reg.evaluation_finished(cohort, Masked(reason="judge failed"), T0)
+    assert reg.judge_failed(cohort, "judge failed", T0)
     assert isinstance(cohort.outcome, Masked)
     assert LEGACY_RETRY_ADVICE not in cohort.outcome.reason
     conflict = reg.submit(sub(0, text="other"), T0 + 1)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -67,14 +68,16 @@ def test_a_port_held_by_another_program_is_refused() -> None:
     assert "address already in use" in line
 
 
-def test_sharing_a_port_needs_listen_reuse_port_on_both_servers() -> None:
+def test_sharing_a_port_needs_listen_reuse_port_on_both_servers(tmp_path: Path) -> None:
     shared = {"GENRM_LISTEN_REUSE_PORT": "true"}
+    # Two processes share the port; each has its own store file (one file, one process).
+    stores = [{"GENRM_STORE": f"sqlite:///{tmp_path}/{n}.sqlite3"} for n in (1, 2)]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with (
-        _serving("--listen", f"127.0.0.1:{port}", env=shared) as first,
-        _serving("--listen", f"127.0.0.1:{port}", env=shared) as second,
+        _serving("--listen", f"127.0.0.1:{port}", env={**shared, **stores[0]}) as first,
+        _serving("--listen", f"127.0.0.1:{port}", env={**shared, **stores[1]}) as second,
     ):
         assert first == second == port
 

@@ -165,6 +165,8 @@ def _loopback(config: str) -> str:
 
 
 def _run_start_command(command: str, config: pathlib.Path, token: str) -> subprocess.Popen[str]:
+    # As an operator runs it: no GENRM_* but the command's own, so the store is the
+    # default file in the working directory (the test's directory, not the checkout).
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GENRM_")}
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}"
     line = command.replace("GENRM_TOKENS=...", f"GENRM_TOKENS={token}")
@@ -175,6 +177,7 @@ def _run_start_command(command: str, config: pathlib.Path, token: str) -> subpro
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        cwd=config.parent,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -161,7 +162,7 @@ async def test_oversized_messages_are_resource_exhausted(start_server: StartServ
 
 
 async def test_concurrent_streams_per_connection_are_bounded(
-    start_server: StartServer, fake_judge: FakeJudgeServer
+    start_server: StartServer, fake_judge: FakeJudgeServer, tmp_path: Path
 ) -> None:
     """Three members of one group on one connection that allows two streams at a time.
 
@@ -170,7 +171,9 @@ async def test_concurrent_streams_per_connection_are_bounded(
     second connection gets its own streams, which is what lets such a group complete.
     """
     server = await start_server(max_concurrent_streams=2, cohort_collection_timeout_s=1.0)
-    roomy = await start_server(max_concurrent_streams=2)  # no deadline pressure
+    roomy = await start_server(  # no deadline pressure; a second server, a second file
+        max_concurrent_streams=2, store=f"sqlite:///{tmp_path}/roomy.sqlite3"
+    )
 
     def request(group: str, k: int) -> pb.SubmitMemberRequest:
         return pb.SubmitMemberRequest(

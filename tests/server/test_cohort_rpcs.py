@@ -192,10 +192,21 @@ async def test_get_cohort_reports_phase_and_missing_slots_and_not_found(
     pending.cancel()
 
 
-async def test_shutdown_fails_collecting_cohorts_and_refuses_new_ones(
-    start_server: StartServer,
+@pytest.mark.parametrize(
+    ("store", "reason", "words"),
+    [
+        # Nothing outlives the process: the cohort fails for good.
+        ("memory://", "COHORT_FAILED", "shutting down"),
+        # The file keeps the cohort for the next process: the call is only interrupted.
+        (None, "SHUTTING_DOWN", "kept in its store"),
+    ],
+    ids=["memory", "sqlite"],
+)
+async def test_shutdown_refuses_new_cohorts_and_ends_waiting_calls_by_store(
+    start_server: StartServer, store: str | None, reason: str, words: str
 ) -> None:
-    server, client = await start_server(shutdown_grace_s=0.5)
+    extra = {} if store is None else {"store": store}
+    server, client = await start_server(shutdown_grace_s=0.5, **extra)
     probe = SubmitProbe(server)
     waiting = asyncio.create_task(client.submit_member(member(0), PROMPT, candidate(0), timeout=30))
     await probe.reached(1)
@@ -208,7 +219,7 @@ async def test_shutdown_fails_collecting_cohorts_and_refuses_new_ones(
     with pytest.raises(CALL_ERRORS) as caught:
         await waiting
     info = call_error(caught.value)
-    assert info.reason == "COHORT_FAILED" and "shutting down" in info.message
+    assert info.reason == reason and words in info.message
     await stop
     assert server.runtime.stats()["owned_tasks"] == 0
 

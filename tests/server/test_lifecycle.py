@@ -114,7 +114,9 @@ async def _evaluating_and_collecting(cohorts: Any) -> tuple[Any, Any]:
     return evaluating, collecting
 
 
-async def test_sigterm_drains_fails_waiting_members_and_exits_zero(server_process: Any) -> None:
+async def test_sigterm_drains_keeps_collecting_cohorts_for_the_next_process_and_exits_zero(
+    server_process: Any,
+) -> None:
     proc, target, judge = server_process
     code, out = await _health_cli("--server", target)
     assert (code, out.strip()) == (0, f"{target} (overall): SERVING")
@@ -143,19 +145,20 @@ async def test_sigterm_drains_fails_waiting_members_and_exits_zero(server_proces
         assert proc.poll() is None
 
         # Releasing the hung judge requests ends the evaluation (masked: the judge
-        # failed), which ends the grace period; the collecting cohort then fails.
+        # failed), which ends the grace period. The collecting cohort is kept in the
+        # store for the next process: its waiting calls are interrupted, not failed.
         judge.stop()
         for _ in range(2):
             result = await _next(evaluating, "result")
             assert result.mask_sample and result.failure_kind == pb.FAILURE_KIND_JUDGE_FAILED
         error = await _next(collecting, "error")
-        assert error.status.code == grpc.StatusCode.ABORTED.value[0]
-        assert _reason(error.status) == "COHORT_FAILED"
-        assert "server is shutting down" in error.status.message
-        with pytest.raises(grpc.RpcError) as aborted:
+        assert error.status.code == grpc.StatusCode.UNAVAILABLE.value[0]
+        assert _reason(error.status) == "SHUTTING_DOWN"
+        assert "kept in its store" in error.status.message
+        with pytest.raises(grpc.RpcError) as interrupted:
             await unary
-        assert aborted.value.code() == grpc.StatusCode.ABORTED
-        assert "server is shutting down" in (aborted.value.details() or "")
+        assert interrupted.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "kept in its store" in (interrupted.value.details() or "")
 
     assert await asyncio.to_thread(proc.wait, 60) == 0
     assert proc.stderr is not None
@@ -186,17 +189,19 @@ async def test_a_second_sigterm_during_the_drain_ends_the_grace_and_exits_zero(
         proc.send_signal(signal.SIGTERM)
         proc.send_signal(signal.SIGINT)  # and a third: still idempotent
 
+        # Both cohorts stay in the store for the next process; every waiting call is
+        # interrupted with a typed, retryable status.
         for call, members in ((evaluating, 2), (collecting, 1)):
             for _ in range(members):
                 error = await _next(call, "error")
-                assert error.status.code == grpc.StatusCode.ABORTED.value[0]
-                assert _reason(error.status) == "COHORT_FAILED"
-                assert "server is shutting down" in error.status.message
+                assert error.status.code == grpc.StatusCode.UNAVAILABLE.value[0]
+                assert _reason(error.status) == "SHUTTING_DOWN"
+                assert "kept in its store" in error.status.message
         for waiting in unary:
-            with pytest.raises(grpc.RpcError) as aborted:
+            with pytest.raises(grpc.RpcError) as interrupted:
                 await waiting
-            assert aborted.value.code() == grpc.StatusCode.ABORTED
-            assert _reason(_rpc_status(aborted.value)) == "COHORT_FAILED"
+            assert interrupted.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert _reason(_rpc_status(interrupted.value)) == "SHUTTING_DOWN"
 
     assert await asyncio.to_thread(proc.wait, 60) == 0
     assert proc.stderr is not None

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgenrm/cohort/v1/cohort.proto\x12\x0fgenrm.cohort.v1\x1a\x17google/rpc/status.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x94\x01\n\x06Prompt\x12.\n\x08messages\x18\x01 \x03(\x0b\x32\x1c.genrm.cohort.v1.ChatMessage\x12\x16\n\tprinciple\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x1e\n\x11\x62\x61seline_response\x18\x03 \x01(\tH\x01\x88\x01\x01\x42\x0c\n\n_principleB\x14\n\x12_baseline_response\"T\n\tCandidate\x12\x13\n\x0boutput_text\x18\x01 \x01(\t\x12\x16\n\x0ereasoning_text\x18\x02 \x01(\t\x12\x1a\n\x12responses_api_json\x18\x03 \x01(\t\"\xea\x01\n\tMemberRef\x12\x15\n\x08group_id\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rgroup_attempt\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x15\n\rrollout_index\x18\x03 \x01(\r\x12\x17\n\ntask_index\x18\x04 \x01(\x03H\x02\x88\x01\x01\x12\x16\n\tprompt_id\x18\x05 \x01(\tH\x03\x88\x01\x01\x12\x17\n\ngroup_size\x18\x06 \x01(\rH\x04\x88\x01\x01\x42\x0b\n\t_group_idB\x10\n\x0e_group_attemptB\r\n\x0b_task_indexB\x0c\n\n_prompt_idB\r\n\x0b_group_size\"\x99\x01\n\x13SubmitMemberRequest\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.genrm.cohort.v1.Prompt\x12-\n\tcandidate\x18\x03 \x01(\x0b\x32\x1a.genrm.cohort.v1.Candidate\"E\n\x14SubmitMemberResponse\x12-\n\x06result\x18\x01 \x01(\x0b\x32\x1d.genrm.cohort.v1.MemberResult\"\xe9\x03\n\x0cMemberResult\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x18\n\x10reward_score_raw\x18\x03 \x01(\x01\x12 \n\x18reward_overall_score_raw\x18\x04 \x01(\x01\x12\x1c\n\x14reward_overall_score\x18\x05 \x01(\x01\x12 \n\x18reward_length_adjustment\x18\x06 \x01(\x01\x12\x46\n\rgroup_metrics\x18\x07 \x03(\x0b\x32/.genrm.cohort.v1.MemberResult.GroupMetricsEntry\x12\x10\n\x08replayed\x18\x08 \x01(\x08\x12\x13\n\x0bmask_sample\x18\t \x01(\x08\x12\x32\n\x0c\x66\x61ilure_kind\x18\n \x01(\x0e\x32\x1c.genrm.cohort.v1.FailureKind\x12\x16\n\x0e\x66\x61ilure_reason\x18\x0b \x01(\t\x12\x31\n\x0b\x63omparisons\x18\x0c \x03(\x0b\x32\x1c.genrm.cohort.v1.PairVerdict\x1a\x33\n\x11GroupMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x93\x01\n\x0bPairVerdict\x12\x12\n\nresponse_i\x18\x01 \x01(\r\x12\x12\n\nresponse_j\x18\x02 \x01(\r\x12\x13\n\x0bjudge_index\x18\x03 \x01(\r\x12\x0f\n\x07score_1\x18\x04 \x01(\x01\x12\x0f\n\x07score_2\x18\x05 \x01(\x01\x12\x0f\n\x07ranking\x18\x06 \x01(\x01\x12\x14\n\x0cparse_failed\x18\x07 \x01(\x08\"K\n\x13StreamGroupsRequest\x12\x34\n\x06member\x18\x01 \x01(\x0b\x32$.genrm.cohort.v1.SubmitMemberRequest\"\xe8\x01\n\x14StreamGroupsResponse\x12\x33\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1f.genrm.cohort.v1.MemberAcceptedH\x00\x12/\n\x06result\x18\x02 \x01(\x0b\x32\x1d.genrm.cohort.v1.MemberResultH\x00\x12-\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1c.genrm.cohort.v1.MemberErrorH\x00\x12\x32\n\x0bpair_judged\x18\x04 \x01(\x0b\x32\x1b.genrm.cohort.v1.PairJudgedH\x00\x42\x07\n\x05\x65vent\"<\n\x0eMemberAccepted\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\"]\n\x0bMemberError\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.google.rpc.Status\"u\n\nPairJudged\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\x12\x12\n\nresponse_i\x18\x02 \x01(\r\x12\x12\n\nresponse_j\x18\x03 \x01(\r\x12\x13\n\x0bjudge_index\x18\x04 \x01(\r\"i\n\x0e\x43ompareRequest\x12\'\n\x06prompt\x18\x01 \x01(\x0b\x32\x17.genrm.cohort.v1.Prompt\x12.\n\ncandidates\x18\x02 \x03(\x0b\x32\x1a.genrm.cohort.v1.Candidate\"\xc5\x01\n\x0f\x43ompareResponse\x12\x0f\n\x07rewards\x18\x01 \x03(\x01\x12\x31\n\x0b\x63omparisons\x18\x02 \x03(\x0b\x32\x1c.genrm.cohort.v1.PairVerdict\x12>\n\x07metrics\x18\x03 \x03(\x0b\x32-.genrm.cohort.v1.CompareResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"g\n\x10GetCohortRequest\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.genrm.cohort.v1.Prompt\"@\n\x11GetCohortResponse\x12+\n\x06\x63ohort\x18\x01 \x01(\x0b\x32\x1b.genrm.cohort.v1.CohortInfo\"\xc0\x01\n\nCohortInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12+\n\x05phase\x18\x02 \x01(\x0e\x32\x1c.genrm.cohort.v1.CohortPhase\x12\x12\n\ngroup_size\x18\x03 \x01(\r\x12\x17\n\x0fpresent_indices\x18\x04 \x03(\r\x12\x16\n\x0elatest_attempt\x18\x05 \x01(\r\x12\x16\n\x0e\x66\x61ilure_reason\x18\x06 \x01(\t\x12\x1b\n\x13seconds_to_deadline\x18\x07 \x01(\x01*J\n\x0b\x46\x61ilureKind\x12\x1c\n\x18\x46\x41ILURE_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x46\x41ILURE_KIND_JUDGE_FAILED\x10\x01*\x9a\x01\n\x0b\x43ohortPhase\x12\x1c\n\x18\x43OHORT_PHASE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43OHORT_PHASE_COLLECTING\x10\x01\x12\x1b\n\x17\x43OHORT_PHASE_EVALUATING\x10\x02\x12\x1a\n\x16\x43OHORT_PHASE_COMPLETED\x10\x03\x12\x17\n\x13\x43OHORT_PHASE_FAILED\x10\x04\x32\xef\x02\n\rCohortService\x12[\n\x0cSubmitMember\x12$.genrm.cohort.v1.SubmitMemberRequest\x1a%.genrm.cohort.v1.SubmitMemberResponse\x12_\n\x0cStreamGroups\x12$.genrm.cohort.v1.StreamGroupsRequest\x1a%.genrm.cohort.v1.StreamGroupsResponse(\x01\x30\x01\x12L\n\x07\x43ompare\x12\x1f.genrm.cohort.v1.CompareRequest\x1a .genrm.cohort.v1.CompareResponse\x12R\n\tGetCohort\x12!.genrm.cohort.v1.GetCohortRequest\x1a\".genrm.cohort.v1.GetCohortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgenrm/cohort/v1/cohort.proto\x12\x0fgenrm.cohort.v1\x1a\x17google/rpc/status.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x94\x01\n\x06Prompt\x12.\n\x08messages\x18\x01 \x03(\x0b\x32\x1c.genrm.cohort.v1.ChatMessage\x12\x16\n\tprinciple\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x1e\n\x11\x62\x61seline_response\x18\x03 \x01(\tH\x01\x88\x01\x01\x42\x0c\n\n_principleB\x14\n\x12_baseline_response\"T\n\tCandidate\x12\x13\n\x0boutput_text\x18\x01 \x01(\t\x12\x16\n\x0ereasoning_text\x18\x02 \x01(\t\x12\x1a\n\x12responses_api_json\x18\x03 \x01(\t\"\xea\x01\n\tMemberRef\x12\x15\n\x08group_id\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rgroup_attempt\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x15\n\rrollout_index\x18\x03 \x01(\r\x12\x17\n\ntask_index\x18\x04 \x01(\x03H\x02\x88\x01\x01\x12\x16\n\tprompt_id\x18\x05 \x01(\tH\x03\x88\x01\x01\x12\x17\n\ngroup_size\x18\x06 \x01(\rH\x04\x88\x01\x01\x42\x0b\n\t_group_idB\x10\n\x0e_group_attemptB\r\n\x0b_task_indexB\x0c\n\n_prompt_idB\r\n\x0b_group_size\"\x99\x01\n\x13SubmitMemberRequest\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.genrm.cohort.v1.Prompt\x12-\n\tcandidate\x18\x03 \x01(\x0b\x32\x1a.genrm.cohort.v1.Candidate\"E\n\x14SubmitMemberResponse\x12-\n\x06result\x18\x01 \x01(\x0b\x32\x1d.genrm.cohort.v1.MemberResult\"\xa4\x04\n\x0cMemberResult\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x18\n\x10reward_score_raw\x18\x03 \x01(\x01\x12 \n\x18reward_overall_score_raw\x18\x04 \x01(\x01\x12\x1c\n\x14reward_overall_score\x18\x05 \x01(\x01\x12 \n\x18reward_length_adjustment\x18\x06 \x01(\x01\x12\x46\n\rgroup_metrics\x18\x07 \x03(\x0b\x32/.genrm.cohort.v1.MemberResult.GroupMetricsEntry\x12\x10\n\x08replayed\x18\x08 \x01(\x08\x12\x13\n\x0bmask_sample\x18\t \x01(\x08\x12\x32\n\x0c\x66\x61ilure_kind\x18\n \x01(\x0e\x32\x1c.genrm.cohort.v1.FailureKind\x12\x16\n\x0e\x66\x61ilure_reason\x18\x0b \x01(\t\x12\x31\n\x0b\x63omparisons\x18\x0c \x03(\x0b\x32\x1c.genrm.cohort.v1.PairVerdict\x12\x1b\n\x13judge_passes_reused\x18\r \x01(\r\x12\x1c\n\x14judge_passes_resumed\x18\x0e \x01(\r\x1a\x33\n\x11GroupMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x93\x01\n\x0bPairVerdict\x12\x12\n\nresponse_i\x18\x01 \x01(\r\x12\x12\n\nresponse_j\x18\x02 \x01(\r\x12\x13\n\x0bjudge_index\x18\x03 \x01(\r\x12\x0f\n\x07score_1\x18\x04 \x01(\x01\x12\x0f\n\x07score_2\x18\x05 \x01(\x01\x12\x0f\n\x07ranking\x18\x06 \x01(\x01\x12\x14\n\x0cparse_failed\x18\x07 \x01(\x08\"K\n\x13StreamGroupsRequest\x12\x34\n\x06member\x18\x01 \x01(\x0b\x32$.genrm.cohort.v1.SubmitMemberRequest\"\xe8\x01\n\x14StreamGroupsResponse\x12\x33\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1f.genrm.cohort.v1.MemberAcceptedH\x00\x12/\n\x06result\x18\x02 \x01(\x0b\x32\x1d.genrm.cohort.v1.MemberResultH\x00\x12-\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1c.genrm.cohort.v1.MemberErrorH\x00\x12\x32\n\x0bpair_judged\x18\x04 \x01(\x0b\x32\x1b.genrm.cohort.v1.PairJudgedH\x00\x42\x07\n\x05\x65vent\"<\n\x0eMemberAccepted\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\"]\n\x0bMemberError\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.google.rpc.Status\"u\n\nPairJudged\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\x12\x12\n\nresponse_i\x18\x02 \x01(\r\x12\x12\n\nresponse_j\x18\x03 \x01(\r\x12\x13\n\x0bjudge_index\x18\x04 \x01(\r\"i\n\x0e\x43ompareRequest\x12\'\n\x06prompt\x18\x01 \x01(\x0b\x32\x17.genrm.cohort.v1.Prompt\x12.\n\ncandidates\x18\x02 \x03(\x0b\x32\x1a.genrm.cohort.v1.Candidate\"\xc5\x01\n\x0f\x43ompareResponse\x12\x0f\n\x07rewards\x18\x01 \x03(\x01\x12\x31\n\x0b\x63omparisons\x18\x02 \x03(\x0b\x32\x1c.genrm.cohort.v1.PairVerdict\x12>\n\x07metrics\x18\x03 \x03(\x0b\x32-.genrm.cohort.v1.CompareResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"g\n\x10GetCohortRequest\x12*\n\x06member\x18\x01 \x01(\x0b\x32\x1a.genrm.cohort.v1.MemberRef\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.genrm.cohort.v1.Prompt\"@\n\x11GetCohortResponse\x12+\n\x06\x63ohort\x18\x01 \x01(\x0b\x32\x1b.genrm.cohort.v1.CohortInfo\"\xfb\x01\n\nCohortInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12+\n\x05phase\x18\x02 \x01(\x0e\x32\x1c.genrm.cohort.v1.CohortPhase\x12\x12\n\ngroup_size\x18\x03 \x01(\r\x12\x17\n\x0fpresent_indices\x18\x04 \x03(\r\x12\x16\n\x0elatest_attempt\x18\x05 \x01(\r\x12\x16\n\x0e\x66\x61ilure_reason\x18\x06 \x01(\t\x12\x1b\n\x13seconds_to_deadline\x18\x07 \x01(\x01\x12\x1b\n\x13judge_passes_reused\x18\x08 \x01(\r\x12\x1c\n\x14judge_passes_resumed\x18\t \x01(\r*J\n\x0b\x46\x61ilureKind\x12\x1c\n\x18\x46\x41ILURE_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x46\x41ILURE_KIND_JUDGE_FAILED\x10\x01*\x9a\x01\n\x0b\x43ohortPhase\x12\x1c\n\x18\x43OHORT_PHASE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43OHORT_PHASE_COLLECTING\x10\x01\x12\x1b\n\x17\x43OHORT_PHASE_EVALUATING\x10\x02\x12\x1a\n\x16\x43OHORT_PHASE_COMPLETED\x10\x03\x12\x17\n\x13\x43OHORT_PHASE_FAILED\x10\x04\x32\xef\x02\n\rCohortService\x12[\n\x0cSubmitMember\x12$.genrm.cohort.v1.SubmitMemberRequest\x1a%.genrm.cohort.v1.SubmitMemberResponse\x12_\n\x0cStreamGroups\x12$.genrm.cohort.v1.StreamGroupsRequest\x1a%.genrm.cohort.v1.StreamGroupsResponse(\x01\x30\x01\x12L\n\x07\x43ompare\x12\x1f.genrm.cohort.v1.CompareRequest\x1a .genrm.cohort.v1.CompareResponse\x12R\n\tGetCohort\x12!.genrm.cohort.v1.GetCohortRequest\x1a\".genrm.cohort.v1.GetCohortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,10 +36,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MEMBERRESULT_GROUPMETRICSENTRY']._serialized_options = b'8\001'
   _globals['_COMPARERESPONSE_METRICSENTRY']._loaded_options = None
   _globals['_COMPARERESPONSE_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_FAILUREKIND']._serialized_start=2724
-  _globals['_FAILUREKIND']._serialized_end=2798
-  _globals['_COHORTPHASE']._serialized_start=2801
-  _globals['_COHORTPHASE']._serialized_end=2955
+  _globals['_FAILUREKIND']._serialized_start=2842
+  _globals['_FAILUREKIND']._serialized_end=2916
+  _globals['_COHORTPHASE']._serialized_start=2919
+  _globals['_COHORTPHASE']._serialized_end=3073
   _globals['_CHATMESSAGE']._serialized_start=74
   _globals['_CHATMESSAGE']._serialized_end=118
   _globals['_PROMPT']._serialized_start=121
@@ -53,33 +53,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITMEMBERRESPONSE']._serialized_start=750
   _globals['_SUBMITMEMBERRESPONSE']._serialized_end=819
   _globals['_MEMBERRESULT']._serialized_start=822
-  _globals['_MEMBERRESULT']._serialized_end=1311
-  _globals['_MEMBERRESULT_GROUPMETRICSENTRY']._serialized_start=1260
-  _globals['_MEMBERRESULT_GROUPMETRICSENTRY']._serialized_end=1311
-  _globals['_PAIRVERDICT']._serialized_start=1314
-  _globals['_PAIRVERDICT']._serialized_end=1461
-  _globals['_STREAMGROUPSREQUEST']._serialized_start=1463
-  _globals['_STREAMGROUPSREQUEST']._serialized_end=1538
-  _globals['_STREAMGROUPSRESPONSE']._serialized_start=1541
-  _globals['_STREAMGROUPSRESPONSE']._serialized_end=1773
-  _globals['_MEMBERACCEPTED']._serialized_start=1775
-  _globals['_MEMBERACCEPTED']._serialized_end=1835
-  _globals['_MEMBERERROR']._serialized_start=1837
-  _globals['_MEMBERERROR']._serialized_end=1930
-  _globals['_PAIRJUDGED']._serialized_start=1932
-  _globals['_PAIRJUDGED']._serialized_end=2049
-  _globals['_COMPAREREQUEST']._serialized_start=2051
-  _globals['_COMPAREREQUEST']._serialized_end=2156
-  _globals['_COMPARERESPONSE']._serialized_start=2159
-  _globals['_COMPARERESPONSE']._serialized_end=2356
-  _globals['_COMPARERESPONSE_METRICSENTRY']._serialized_start=2310
-  _globals['_COMPARERESPONSE_METRICSENTRY']._serialized_end=2356
-  _globals['_GETCOHORTREQUEST']._serialized_start=2358
-  _globals['_GETCOHORTREQUEST']._serialized_end=2461
-  _globals['_GETCOHORTRESPONSE']._serialized_start=2463
-  _globals['_GETCOHORTRESPONSE']._serialized_end=2527
-  _globals['_COHORTINFO']._serialized_start=2530
-  _globals['_COHORTINFO']._serialized_end=2722
-  _globals['_COHORTSERVICE']._serialized_start=2958
-  _globals['_COHORTSERVICE']._serialized_end=3325
+  _globals['_MEMBERRESULT']._serialized_end=1370
+  _globals['_MEMBERRESULT_GROUPMETRICSENTRY']._serialized_start=1319
+  _globals['_MEMBERRESULT_GROUPMETRICSENTRY']._serialized_end=1370
+  _globals['_PAIRVERDICT']._serialized_start=1373
+  _globals['_PAIRVERDICT']._serialized_end=1520
+  _globals['_STREAMGROUPSREQUEST']._serialized_start=1522
+  _globals['_STREAMGROUPSREQUEST']._serialized_end=1597
+  _globals['_STREAMGROUPSRESPONSE']._serialized_start=1600
+  _globals['_STREAMGROUPSRESPONSE']._serialized_end=1832
+  _globals['_MEMBERACCEPTED']._serialized_start=1834
+  _globals['_MEMBERACCEPTED']._serialized_end=1894
+  _globals['_MEMBERERROR']._serialized_start=1896
+  _globals['_MEMBERERROR']._serialized_end=1989
+  _globals['_PAIRJUDGED']._serialized_start=1991
+  _globals['_PAIRJUDGED']._serialized_end=2108
+  _globals['_COMPAREREQUEST']._serialized_start=2110
+  _globals['_COMPAREREQUEST']._serialized_end=2215
+  _globals['_COMPARERESPONSE']._serialized_start=2218
+  _globals['_COMPARERESPONSE']._serialized_end=2415
+  _globals['_COMPARERESPONSE_METRICSENTRY']._serialized_start=2369
+  _globals['_COMPARERESPONSE_METRICSENTRY']._serialized_end=2415
+  _globals['_GETCOHORTREQUEST']._serialized_start=2417
+  _globals['_GETCOHORTREQUEST']._serialized_end=2520
+  _globals['_GETCOHORTRESPONSE']._serialized_start=2522
+  _globals['_GETCOHORTRESPONSE']._serialized_end=2586
+  _globals['_COHORTINFO']._serialized_start=2589
+  _globals['_COHORTINFO']._serialized_end=2840
+  _globals['_COHORTSERVICE']._serialized_start=3076
+  _globals['_COHORTSERVICE']._serialized_end=3443
 # @@protoc_insertion_point(module_scope)

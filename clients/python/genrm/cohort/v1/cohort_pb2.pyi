@@ -89,7 +89,7 @@ class SubmitMemberResponse(_message.Message):
     def __init__(self, result: _Optional[_Union[MemberResult, _Mapping]] = ...) -> None: ...
 
 class MemberResult(_message.Message):
-    __slots__ = ("member", "reward", "reward_score_raw", "reward_overall_score_raw", "reward_overall_score", "reward_length_adjustment", "group_metrics", "replayed", "mask_sample", "failure_kind", "failure_reason", "comparisons")
+    __slots__ = ("member", "reward", "reward_score_raw", "reward_overall_score_raw", "reward_overall_score", "reward_length_adjustment", "group_metrics", "replayed", "mask_sample", "failure_kind", "failure_reason", "comparisons", "judge_passes_reused", "judge_passes_resumed")
     class GroupMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,8 @@ class MemberResult(_message.Message):
     FAILURE_KIND_FIELD_NUMBER: _ClassVar[int]
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     COMPARISONS_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_PASSES_REUSED_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_PASSES_RESUMED_FIELD_NUMBER: _ClassVar[int]
     member: MemberRef
     reward: float
     reward_score_raw: float
@@ -121,7 +123,9 @@ class MemberResult(_message.Message):
     failure_kind: FailureKind
     failure_reason: str
     comparisons: _containers.RepeatedCompositeFieldContainer[PairVerdict]
-    def __init__(self, member: _Optional[_Union[MemberRef, _Mapping]] = ..., reward: _Optional[float] = ..., reward_score_raw: _Optional[float] = ..., reward_overall_score_raw: _Optional[float] = ..., reward_overall_score: _Optional[float] = ..., reward_length_adjustment: _Optional[float] = ..., group_metrics: _Optional[_Mapping[str, float]] = ..., replayed: _Optional[bool] = ..., mask_sample: _Optional[bool] = ..., failure_kind: _Optional[_Union[FailureKind, str]] = ..., failure_reason: _Optional[str] = ..., comparisons: _Optional[_Iterable[_Union[PairVerdict, _Mapping]]] = ...) -> None: ...
+    judge_passes_reused: int
+    judge_passes_resumed: int
+    def __init__(self, member: _Optional[_Union[MemberRef, _Mapping]] = ..., reward: _Optional[float] = ..., reward_score_raw: _Optional[float] = ..., reward_overall_score_raw: _Optional[float] = ..., reward_overall_score: _Optional[float] = ..., reward_length_adjustment: _Optional[float] = ..., group_metrics: _Optional[_Mapping[str, float]] = ..., replayed: _Optional[bool] = ..., mask_sample: _Optional[bool] = ..., failure_kind: _Optional[_Union[FailureKind, str]] = ..., failure_reason: _Optional[str] = ..., comparisons: _Optional[_Iterable[_Union[PairVerdict, _Mapping]]] = ..., judge_passes_reused: _Optional[int] = ..., judge_passes_resumed: _Optional[int] = ...) -> None: ...
 
 class PairVerdict(_message.Message):
     __slots__ = ("response_i", "response_j", "judge_index", "score_1", "score_2", "ranking", "parse_failed")
@@ -225,7 +229,7 @@ class GetCohortResponse(_message.Message):
     def __init__(self, cohort: _Optional[_Union[CohortInfo, _Mapping]] = ...) -> None: ...
 
 class CohortInfo(_message.Message):
-    __slots__ = ("key", "phase", "group_size", "present_indices", "latest_attempt", "failure_reason", "seconds_to_deadline")
+    __slots__ = ("key", "phase", "group_size", "present_indices", "latest_attempt", "failure_reason", "seconds_to_deadline", "judge_passes_reused", "judge_passes_resumed")
     KEY_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +237,8 @@ class CohortInfo(_message.Message):
     LATEST_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     SECONDS_TO_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_PASSES_REUSED_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_PASSES_RESUMED_FIELD_NUMBER: _ClassVar[int]
     key: str
     phase: CohortPhase
     group_size: int
@@ -240,4 +246,6 @@ class CohortInfo(_message.Message):
     latest_attempt: int
     failure_reason: str
     seconds_to_deadline: float
-    def __init__(self, key: _Optional[str] = ..., phase: _Optional[_Union[CohortPhase, str]] = ..., group_size: _Optional[int] = ..., present_indices: _Optional[_Iterable[int]] = ..., latest_attempt: _Optional[int] = ..., failure_reason: _Optional[str] = ..., seconds_to_deadline: _Optional[float] = ...) -> None: ...
+    judge_passes_reused: int
+    judge_passes_resumed: int
+    def __init__(self, key: _Optional[str] = ..., phase: _Optional[_Union[CohortPhase, str]] = ..., group_size: _Optional[int] = ..., present_indices: _Optional[_Iterable[int]] = ..., latest_attempt: _Optional[int] = ..., failure_reason: _Optional[str] = ..., seconds_to_deadline: _Optional[float] = ..., judge_passes_reused: _Optional[int] = ..., judge_passes_resumed: _Optional[int] = ...) -> None: ...
