@@ -52,6 +52,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
 import aiohttp
+import orjson
 
 from genrm_grpc.judge.redact import Redactor, redact_url, split_userinfo
 from genrm_grpc.observability.hooks import ComparisonOutcome, JudgeObserver, NullJudgeObserver
@@ -467,7 +468,7 @@ class JudgeClient:
         """
         cfg = self._config
         sent = replace(inp, response_1=inp.response_2, response_2=inp.response_1) if swap else inp
-        body = json.dumps(self._payload(sent)).encode("utf-8")
+        body = _encode(self._payload(sent))
         tally = _Tally()
         max_attempts = cfg.genrm_parse_retries + 1
 
@@ -589,12 +590,13 @@ class JudgeClient:
         finally:
             seconds = time.perf_counter() - started
             self._observer.judge_request(outcome, seconds)
-            logger.debug(
-                "judge request %s in %.3fs",
-                outcome,
-                seconds,
-                extra={"judge_attempt": tally.attempts, "judge_outcome": outcome},
-            )
+            if logger.isEnabledFor(logging.DEBUG):  # the extra dict costs even when off
+                logger.debug(
+                    "judge request %s in %.3fs",
+                    outcome,
+                    seconds,
+                    extra={"judge_attempt": tally.attempts, "judge_outcome": outcome},
+                )
         tally.outage_since = None
         tally.budget_spent += 1
         return verdict
@@ -701,7 +703,7 @@ class JudgeClient:
         """JSON-decode a 2xx body, extract the answer and parse its verdict (pure CPU)."""
         cfg = self._config
         try:
-            body = json.loads(raw)
+            body = _decode_json(raw)
         except ValueError:
             raise _AttemptFailed(
                 "invalid_body",
@@ -857,6 +859,29 @@ class JudgeClient:
             return ""
         parts = ", ".join(f"{kind}×{count}" for kind, count in sorted(tally.kinds.items()))
         return f"; failed attempts: {parts}"
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    """A request body as JSON bytes: orjson (about 30× faster than ``json.dumps`` on two
+    2 KiB answers, docs/performance.md); it writes UTF-8 where ``json`` writes ``\\u``
+    escapes, the same JSON. Text orjson refuses (a lone surrogate) goes through ``json``."""
+    try:
+        return orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        return json.dumps(payload).encode("utf-8")
+
+
+def _decode_json(raw: bytes) -> Any:
+    """A response body decoded as ``json.loads`` decodes it, with orjson's speed.
+
+    orjson refuses a few bodies that ``json.loads`` reads (``NaN``, integers beyond 64
+    bits, escaped lone surrogates, very deep nesting); those go through ``json.loads``,
+    so which bodies decode, and to what, is exactly what it was with ``json`` alone.
+    """
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 def _read_answer(body: dict[str, Any], api: JudgeApi) -> tuple[str, str]:
