@@ -864,7 +864,9 @@ class JudgeClient:
 def _encode(payload: dict[str, Any]) -> bytes:
     """A request body as JSON bytes: orjson (about 30× faster than ``json.dumps`` on two
     2 KiB answers, docs/performance.md); it writes UTF-8 where ``json`` writes ``\\u``
-    escapes, the same JSON. Text orjson refuses (a lone surrogate) goes through ``json``."""
+    escapes, the same JSON. Text orjson refuses (a lone surrogate) goes through ``json``.
+    The only numbers sent are settings that ``genrm_grpc.config`` keeps finite (orjson
+    would write a NaN as ``null``)."""
     try:
         return orjson.dumps(payload)
     except orjson.JSONEncodeError:
@@ -874,9 +876,11 @@ def _encode(payload: dict[str, Any]) -> bytes:
 def _decode_json(raw: bytes) -> Any:
     """A response body decoded as ``json.loads`` decodes it, with orjson's speed.
 
-    orjson refuses a few bodies that ``json.loads`` reads (``NaN``, integers beyond 64
-    bits, escaped lone surrogates, very deep nesting); those go through ``json.loads``,
-    so which bodies decode, and to what, is exactly what it was with ``json`` alone.
+    orjson refuses a few bodies that ``json.loads`` reads (``NaN``, ``Infinity``,
+    escaped lone surrogates, nesting deeper than 1024); those go through ``json.loads``,
+    so which bodies decode is what it was with ``json`` alone. One value differs:
+    orjson reads an integer beyond 64 bits as a float; the only integers the client
+    reads are token counts, and ``_count`` leaves those uncounted from either decoder.
     """
     try:
         return orjson.loads(raw)
@@ -962,8 +966,13 @@ def _read_usage(body: dict[str, Any], api: JudgeApi) -> TokenUsage | None:
     return TokenUsage(input_tokens or 0, output_tokens or 0, reasoning or 0)
 
 
+#: Token counts from 2**64 on are not counts a judge can report; orjson also reads such
+#: integers as floats (``json`` as ints), so both decoders leave them uncounted.
+_MAX_COUNT = 2**64 - 1
+
+
 def _count(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
         return None
     return value
 
