@@ -79,6 +79,7 @@ def _spread(s: dict[str, Any], digits: int = 2, unit: str = "×") -> str:
 def target_rows(out: dict[str, Any]) -> list[list[str]]:
     rows: list[list[str]] = []
     prof = "§5"
+    budget = "§3 CPU budget, §5"
     sat = out.get("saturation")
     if sat:
         s64 = sat["summary"].get("service-64")
@@ -90,7 +91,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                     "server CPU per judge call ≤ 300 µs at C = 64",
                     f"{_f(cpu, 0)} µs (baseline {_f(base, 0)} µs)",
                     _mark(cpu <= TARGETS["cpu_per_judge_call_us"])
-                    + ("" if cpu <= TARGETS["cpu_per_judge_call_us"] else f" ({prof})"),
+                    + ("" if cpu <= TARGETS["cpu_per_judge_call_us"] else f" ({budget})"),
                 ]
             )
         for c in sat["levels"]:
@@ -102,7 +103,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                 [
                     f"judge saturation ≥ 0.85× C/L at C = {c} (L = {sat['latency_ms']:.0f} ms)",
                     _spread(s["saturation"]),
-                    _mark(ok) + ("" if ok else f" ({prof})"),
+                    _mark(ok) + ("" if ok else f" ({budget})"),
                 ]
             )
         never = all(sat["summary"][f"service-{c}"]["max_in_flight"] <= c for c in sat["levels"])
