@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.util import md_table
 
-KEPT_SECTIONS = ("judge-client",)
+KEPT_SECTIONS = ("judge-client", "hot-path")
 TARGETS = {
     "cpu_per_judge_call_us": 300.0,
     "saturation": 0.85,
@@ -79,6 +79,7 @@ def _spread(s: dict[str, Any], digits: int = 2, unit: str = "×") -> str:
 def target_rows(out: dict[str, Any]) -> list[list[str]]:
     rows: list[list[str]] = []
     prof = "§5"
+    budget = "§3 CPU budget, §5"
     sat = out.get("saturation")
     if sat:
         s64 = sat["summary"].get("service-64")
@@ -90,7 +91,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                     "server CPU per judge call ≤ 300 µs at C = 64",
                     f"{_f(cpu, 0)} µs (baseline {_f(base, 0)} µs)",
                     _mark(cpu <= TARGETS["cpu_per_judge_call_us"])
-                    + ("" if cpu <= TARGETS["cpu_per_judge_call_us"] else f" ({prof})"),
+                    + ("" if cpu <= TARGETS["cpu_per_judge_call_us"] else f" ({budget})"),
                 ]
             )
         for c in sat["levels"]:
@@ -102,7 +103,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                 [
                     f"judge saturation ≥ 0.85× C/L at C = {c} (L = {sat['latency_ms']:.0f} ms)",
                     _spread(s["saturation"]),
-                    _mark(ok) + ("" if ok else f" ({prof})"),
+                    _mark(ok) + ("" if ok else f" ({budget})"),
                 ]
             )
         never = all(sat["summary"][f"service-{c}"]["max_in_flight"] <= c for c in sat["levels"])
@@ -295,8 +296,71 @@ def saturation_section(out: dict[str, Any]) -> str:
                 ],
                 rows,
             ),
+            "",
+            *cpu_budget(out),
         ]
     )
+
+
+def cpu_budget(out: dict[str, Any]) -> list[str]:
+    """What CPU per judge call each C/L needs, against what this run measured.
+
+    The server's Python work runs on one event loop under one GIL, so one core is the
+    most it can use for it; the load generator and the judge share the same two cores.
+    """
+    sat = out["saturation"]
+    lines = ["### CPU budget per judge call", ""]
+    rows = []
+    for c in sat["levels"]:
+        ideal = c / (sat["latency_ms"] / 1e3)
+        need = 1e6 / ideal
+        cells = [f"C = {c}", _f(ideal, 0), _f(need, 0)]
+        for side in ("service", "baseline"):
+            cpu = sat["summary"][f"{side}-{c}"]["cpu_us_per_judge_call"]["median"]
+            cells.append(f"{_f(cpu, 0)} µs → {_f(1e6 / cpu / ideal, 2)}×")
+        rows.append(cells)
+    lines += [
+        md_table(
+            [
+                "C",
+                "C/L calls/s",
+                "µs per call that C/L allows on one whole core",
+                "service: measured µs/call → ÷ C/L one core would allow",
+                "baseline: same",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    single = out.get("single")
+    floor = ""
+    if single:
+        echo = single["summary"]["SubmitMember"]["echo"]["cpu_us_per_member"]["median"]
+        floor = (
+            f" A bare grpc.aio echo of one SubmitMember costs {_f(echo, 0)} µs of server CPU "
+            "in this run (§2) before any judge request is sent, and every judge call here "
+            "carries one member (circular pairs: one call per member)."
+        )
+    base64 = sat["summary"].get("baseline-64")
+    if base64:
+        base = base64["cpu_us_per_judge_call"]["median"]
+        floor += (
+            " The baseline (bare grpc.aio plus one aiohttp request per call, no cohort "
+            f"logic) costs {_f(base, 0)} µs per call at C = 64"
+            + (
+                ": the ≤ 300 µs target is below what this work costs in Python on this "
+                "machine in this run, whichever side does it."
+                if base > TARGETS["cpu_per_judge_call_us"]
+                else "."
+            )
+        )
+    lines.append(
+        "At L = 100 ms, C = 256 needs 2,560 calls/s, i.e. at most 390 µs of server CPU per "
+        "call (members' work included) even if the server had a whole core to itself; it "
+        "cannot use more than about one (one event loop, one GIL), and the load generator "
+        "and the judge need their share of the same two cores at that rate." + floor
+    )
+    return lines
 
 
 def retained_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
@@ -328,7 +392,9 @@ def retained_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> st
             f"groups over StreamGroups). Then SubmitMember, {plan['group_size']}-member "
             f"groups, only {plan['retained_in_flight']} in flight (so latency shows pauses "
             f"rather than queueing), {plan['retained_groups']} groups per run, "
-            f"{plan['rounds']} rounds ABAB; instant judge.",
+            f"{plan.get('retained_rounds', plan['rounds'])} rounds ABAB (many short rounds, "
+            "so that the other load on the shared machine falls on both sides alike); "
+            "instant judge. The target reads the median of the per-round p99 ratios.",
             "",
             md_table(
                 [
@@ -346,6 +412,7 @@ def retained_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> st
             f"- **p99 {hi:,} / {lo:,} = {r['median']:.2f}×** (per-round ratios "
             + ", ".join(f"{x:.2f}" for x in r["rounds"])
             + f"; pooled over rounds {ret['pooled_ratio_p99']:.2f}×).",
+            *_pause_note(ret, plan),
             "- Why it is flat: a full collection of the cyclic GC walks every tracked "
             "object. The store keeps each tombstone as one `bytes` record under a plain "
             "tuple key, neither tracked by the GC, so 50,000 retained cohorts add no "
@@ -362,6 +429,25 @@ def retained_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> st
             ),
         ]
     )
+
+
+def _pause_note(ret: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """Why a round's p99 is its worst pause, in this run's figures."""
+    runs = ret.get("runs", [])
+    if not runs:
+        return []
+    near = sum(1 for r in runs if r["member_p99_ms"] >= 0.9 * r["member_max_ms"])
+    p99s = [r["member_p99_ms"] for r in runs]
+    in_flight = plan["retained_in_flight"] * plan["group_size"]
+    per_round = plan["retained_groups"] * plan["group_size"]
+    return [
+        f"- In {near} of {len(runs)} runs the p99 is within 10 % of the run's maximum: "
+        f"with {in_flight} members in flight one pause (a collection, or the process not "
+        f"being scheduled on the shared cores) delays about {in_flight} members, "
+        f"{in_flight / per_round:.0%} of a run's {per_round:,}, so a run's p99 is its "
+        f"worst pause. Per-run p99s of both sides together range {min(p99s):.0f}–"
+        f"{max(p99s):.0f} ms, which is why the ratio is read over many alternating rounds."
+    ]
 
 
 def profile_section(out: dict[str, Any]) -> str:
@@ -423,11 +509,26 @@ def profile_findings(out: dict[str, Any]) -> list[str]:
     judge = prof.get("judge", {})
     if "categories" in judge:
         client = _share(judge, "judge HTTP client")
+        core = _share(judge, "gRPC core")
         own = ", ".join([f"{f} {k}%" for f, k in judge["self"] if "asyncio/" not in f][:4])
+        sat = out.get("saturation", {}).get("summary", {})
+        gap = ""
+        if "service-64" in sat and "baseline-64" in sat:
+            svc = sat["service-64"]["cpu_us_per_judge_call"]["median"]
+            base = sat["baseline-64"]["cpu_us_per_judge_call"]["median"]
+            gap = (
+                f" At C = 64 the service spends {_f(svc, 0)} µs per judge call and the "
+                f"baseline {_f(base, 0)} µs for the same requests; the {_f(svc - base, 0)} µs "
+                "between them is the cohort work the baseline skips (validation, digests, "
+                "the registry, the runtime's timers, waiters and per-pair tasks, metrics), "
+                "and everything below the baseline's figure is gRPC, asyncio and aiohttp "
+                "work that any Python server of this design pays (CPU budget, §3)."
+            )
         found.append(
             f"- **Judge calls** (CPU per call, saturation, 16-member throughput): "
-            f"{client:.0f}% of the server's Python time on the judge-call path is the judge "
-            f"HTTP client; the top self frames outside asyncio are {own}."
+            f"{core:.0f}% of the server's Python samples on the judge-call path have no "
+            f"project frame (gRPC core and the event loop), {client:.0f}% are the judge "
+            f"HTTP client; the top self frames outside asyncio are {own}.{gap}"
             + (
                 " The baseline sends the same requests with aiohttp for a fraction of the "
                 "CPU (§1, §3): the judge client, not the cohort logic, sets these figures."

@@ -161,7 +161,8 @@ def machine_section(out: dict[str, Any]) -> str:
             f"{m['mem_gib']} GiB RAM",
             f"- OS: {m['platform']}",
             f"- Python {m['python']}, grpcio {m['grpcio']}, protobuf {m['protobuf']}, "
-            f"httpx {m['httpx']}, aiohttp {m.get('aiohttp', '?')} (the baseline's judge client)",
+            f"httpx {m['httpx']}, aiohttp {m.get('aiohttp', '?')} (the judge client of the "
+            "service and of the baseline)" + (f", orjson {m['orjson']}" if "orjson" in m else ""),
             f"- load average (1/5/15 min) at start: {load0}; at end: {load1}",
             f"- run: {out['started_at']}, {out['duration_s']} s"
             + (" (**--quick**: fewer rounds and groups)" if out.get("quick") else ""),

@@ -72,7 +72,7 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     versions = {}
-    for dist in ("grpcio", "protobuf", "httpx", "aiohttp"):
+    for dist in ("grpcio", "protobuf", "httpx", "aiohttp", "orjson"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -87,6 +87,7 @@ def machine_info() -> dict[str, Any]:
         "protobuf": versions["protobuf"],
         "httpx": versions["httpx"],
         "aiohttp": versions["aiohttp"],
+        "orjson": versions["orjson"],
         "loadavg_start": list(os.getloadavg()),
     }
 

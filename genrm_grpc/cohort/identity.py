@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Literal
 
+import orjson
+
 from genrm_grpc.cohort.model import (
     MAX_METADATA_VALUE_BYTES,
     CandidateSpec,
@@ -54,14 +56,48 @@ def _canonical(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def _json_string(text: str) -> bytes:
+    """``text`` as a JSON string literal in UTF-8, byte for byte what ``_canonical`` writes.
+
+    orjson's string encoding equals that of ``json.dumps(..., ensure_ascii=False)`` for
+    every code point but the lone surrogates, which it refuses
+    (``tests/cohort/test_digest_bytes.py`` checks every code point); those go through
+    ``json``, whose UTF-8 encoding fails on them as before (they cannot come off the
+    wire: protobuf strings are valid UTF-8).
+    """
+    try:
+        return orjson.dumps(text)
+    except orjson.JSONEncodeError:
+        encoded: str = json.encoder.encode_basestring(text)
+        return encoded.encode()
+
+
+def _string_or_null(value: str | None) -> bytes:
+    return b"null" if value is None else _json_string(value)
+
+
 def prompt_digest(prompt: PromptSpec) -> str:
-    """SHA-256 over the conversation, the principle and the baseline (absent ≠ empty)."""
-    body = {
-        "messages": [list(m) for m in prompt.messages],
-        "principle": prompt.principle,
-        "baseline_response": prompt.baseline_response,
-    }
-    return hashlib.sha256(_canonical(body)).hexdigest()
+    """SHA-256 over the conversation, the principle and the baseline (absent ≠ empty).
+
+    The digested bytes are ``_canonical`` of ``{"messages": [[role, content], ...],
+    "principle": ..., "baseline_response": ...}``, written out directly (keys in sorted
+    order, the same string encoding): this runs for every member, and the generic
+    encoder cost several µs more (``tests/cohort/test_digest_bytes.py`` pins the equality).
+    """
+    messages = b",".join(
+        b"[" + _json_string(role) + b"," + _json_string(content) + b"]"
+        for role, content in prompt.messages
+    )
+    canonical = (
+        b'{"baseline_response":'
+        + _string_or_null(prompt.baseline_response)
+        + b',"messages":['
+        + messages
+        + b'],"principle":'
+        + _string_or_null(prompt.principle)
+        + b"}"
+    )
+    return hashlib.sha256(canonical).hexdigest()
 
 
 def json_depth(text: str) -> int:
@@ -120,8 +156,15 @@ def candidate_spec(candidate: CandidateInput) -> CandidateSpec | Rejection:
             return _invalid("candidate.responses_api_json", "contains an unpaired surrogate")
         digest = hashlib.sha256(b"responses_api:" + canonical).hexdigest()
         return CandidateSpec(texts=extract_texts(obj), digest=digest)
-    body = {"output_text": candidate.output_text, "reasoning_text": candidate.reasoning_text}
-    digest = hashlib.sha256(b"texts:" + _canonical(body)).hexdigest()
+    # _canonical({"output_text": ..., "reasoning_text": ...}), written out directly.
+    canonical = (
+        b'texts:{"output_text":'
+        + _json_string(candidate.output_text)
+        + b',"reasoning_text":'
+        + _json_string(candidate.reasoning_text)
+        + b"}"
+    )
+    digest = hashlib.sha256(canonical).hexdigest()
     texts = AnswerTexts(reasoning=candidate.reasoning_text, answer=candidate.output_text)
     return CandidateSpec(texts=texts, digest=digest)
 

@@ -52,6 +52,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
 import aiohttp
+import orjson
 
 from genrm_grpc.judge.redact import Redactor, redact_url, split_userinfo
 from genrm_grpc.observability.hooks import ComparisonOutcome, JudgeObserver, NullJudgeObserver
@@ -467,7 +468,7 @@ class JudgeClient:
         """
         cfg = self._config
         sent = replace(inp, response_1=inp.response_2, response_2=inp.response_1) if swap else inp
-        body = json.dumps(self._payload(sent)).encode("utf-8")
+        body = _encode(self._payload(sent))
         tally = _Tally()
         max_attempts = cfg.genrm_parse_retries + 1
 
@@ -589,12 +590,13 @@ class JudgeClient:
         finally:
             seconds = time.perf_counter() - started
             self._observer.judge_request(outcome, seconds)
-            logger.debug(
-                "judge request %s in %.3fs",
-                outcome,
-                seconds,
-                extra={"judge_attempt": tally.attempts, "judge_outcome": outcome},
-            )
+            if logger.isEnabledFor(logging.DEBUG):  # the extra dict costs even when off
+                logger.debug(
+                    "judge request %s in %.3fs",
+                    outcome,
+                    seconds,
+                    extra={"judge_attempt": tally.attempts, "judge_outcome": outcome},
+                )
         tally.outage_since = None
         tally.budget_spent += 1
         return verdict
@@ -701,7 +703,7 @@ class JudgeClient:
         """JSON-decode a 2xx body, extract the answer and parse its verdict (pure CPU)."""
         cfg = self._config
         try:
-            body = json.loads(raw)
+            body = _decode_json(raw)
         except ValueError:
             raise _AttemptFailed(
                 "invalid_body",
@@ -859,6 +861,33 @@ class JudgeClient:
         return f"; failed attempts: {parts}"
 
 
+def _encode(payload: dict[str, Any]) -> bytes:
+    """A request body as JSON bytes: orjson (about 30× faster than ``json.dumps`` on two
+    2 KiB answers, docs/performance.md); it writes UTF-8 where ``json`` writes ``\\u``
+    escapes, the same JSON. Text orjson refuses (a lone surrogate) goes through ``json``.
+    The only numbers sent are settings that ``genrm_grpc.config`` keeps finite (orjson
+    would write a NaN as ``null``)."""
+    try:
+        return orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        return json.dumps(payload).encode("utf-8")
+
+
+def _decode_json(raw: bytes) -> Any:
+    """A response body decoded as ``json.loads`` decodes it, with orjson's speed.
+
+    orjson refuses a few bodies that ``json.loads`` reads (``NaN``, ``Infinity``,
+    escaped lone surrogates, nesting deeper than 1024); those go through ``json.loads``,
+    so which bodies decode is what it was with ``json`` alone. One value differs:
+    orjson reads an integer beyond 64 bits as a float; the only integers the client
+    reads are token counts, and ``_count`` leaves those uncounted from either decoder.
+    """
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
 def _read_answer(body: dict[str, Any], api: JudgeApi) -> tuple[str, str]:
     """The answer text and its state: ``completed``, ``budget_exhausted`` or other."""
     if api == "responses":
@@ -937,8 +966,13 @@ def _read_usage(body: dict[str, Any], api: JudgeApi) -> TokenUsage | None:
     return TokenUsage(input_tokens or 0, output_tokens or 0, reasoning or 0)
 
 
+#: Token counts from 2**64 on are not counts a judge can report; orjson also reads such
+#: integers as floats (``json`` as ints), so both decoders leave them uncounted.
+_MAX_COUNT = 2**64 - 1
+
+
 def _count(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
         return None
     return value
 

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -148,22 +148,39 @@ class ServerMetrics:
         self.judge_requests.labels("ok")
         for why in ("missing", "invalid"):
             self.unauthenticated.labels(why)
+        # Labelled children by label value, filled on first use (see the hooks).
+        self._judge_requests: dict[str, Counter] = {}
+        self._judge_retries: dict[str, Counter] = {}
+        self._judge_comparisons: dict[str, Counter] = {}
+        self._cohorts_finished: dict[str, Counter] = {}
+        self._cohort_duration: dict[str, Histogram] = {}
+        self._members: dict[str, Counter] = {}
+        self._members_rejected: dict[str, Counter] = {}
+        self._compare_requests: dict[str, Counter] = {}
+        self._unauthenticated: dict[str, Counter] = {}
+        self._judge_request_observe = self.judge_request_duration.observe
+        self._judge_comparison_observe = self.judge_comparison_duration.observe
+        self._cohorts_started_inc = self.cohorts_started.inc
 
     def attach_runtime(self, runtime: CohortRuntime) -> None:
         """Gauges read from the runtime, the registry and the store at scrape time."""
         self.registry.register(_StateCollector(runtime))
 
     # ----------------------------------------------------------------- hooks
+    # Every hook runs on the hot path (several per member, several per judge call):
+    # ``Counter.labels(value)`` takes a lock and builds a key tuple each time, so the
+    # labelled children are looked up once and kept in plain dicts (``_child``). Label
+    # values are bounded sets (outcomes, failure kinds, ErrorInfo reasons), so are these.
     def judge_request(self, outcome: str, seconds: float) -> None:
-        self.judge_requests.labels(outcome).inc()
-        self.judge_request_duration.observe(seconds)
+        _child(self._judge_requests, self.judge_requests, outcome).inc()
+        self._judge_request_observe(seconds)
 
     def judge_retry(self, cause: str) -> None:
-        self.judge_retries.labels(cause).inc()
+        _child(self._judge_retries, self.judge_retries, cause).inc()
 
     def judge_comparison(self, outcome: ComparisonOutcome, seconds: float) -> None:
-        self.judge_comparisons.labels(outcome).inc()
-        self.judge_comparison_duration.observe(seconds)
+        _child(self._judge_comparisons, self.judge_comparisons, outcome).inc()
+        self._judge_comparison_observe(seconds)
 
     def judge_hedged(self) -> None:
         self.judge_hedges.inc()
@@ -172,29 +189,40 @@ class ServerMetrics:
         self.judge_ready.set(1 if ready else 0)
 
     def cohort_started(self, key: CohortKey) -> None:
-        self.cohorts_started.inc()
+        self._cohorts_started_inc()
 
     def cohort_finished(self, key: CohortKey, outcome: CohortOutcome, age_s: float) -> None:
-        self.cohorts_finished.labels(outcome).inc()
-        self.cohort_duration.labels(outcome).observe(max(0.0, age_s))
+        _child(self._cohorts_finished, self.cohorts_finished, outcome).inc()
+        _child(self._cohort_duration, self.cohort_duration, outcome).observe(max(0.0, age_s))
 
     def member_result(self, result: str) -> None:
-        self.members.labels(result).inc()
+        _child(self._members, self.members, result).inc()
 
     def member_rejected(self, reason: str) -> None:
-        self.members_rejected.labels(reason).inc()
+        _child(self._members_rejected, self.members_rejected, reason).inc()
 
     def masked_result(self) -> None:
         self.masked_results.inc()
 
     def compare_finished(self, outcome: str) -> None:
-        self.compare_requests.labels(outcome).inc()
+        _child(self._compare_requests, self.compare_requests, outcome).inc()
 
     def auth_denied(self, why: str) -> None:
-        self.unauthenticated.labels(why).inc()
+        _child(self._unauthenticated, self.unauthenticated, why).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_Labelled = TypeVar("_Labelled", Counter, Histogram)
+
+
+def _child(cache: dict[str, _Labelled], parent: _Labelled, value: str) -> _Labelled:
+    """The child of ``parent`` for one label value, looked up in ``cache`` first."""
+    child = cache.get(value)
+    if child is None:
+        child = cache[value] = parent.labels(value)
+    return child
 
 
 class _StateCollector(Collector):

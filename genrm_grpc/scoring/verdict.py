@@ -17,6 +17,7 @@ character a bounded number of times and return exactly what those definitions re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -263,6 +264,17 @@ def parse_verdict(
     """
     try:
         for block in fenced_blocks(text):
+            if block[:1] == "{" and block[-1:] == "}":
+                # The usual answer: the block is one object. When it decodes, the brace
+                # scan would find exactly this string as the block's first candidate
+                # (in valid JSON the braces outside strings first balance at its end),
+                # so trying it first and scanning only when it is not a usable verdict
+                # picks the same verdict without the scan. Anything else (not JSON, not a
+                # verdict, a decoder crash) is left to the scan, which decides as before.
+                with contextlib.suppress(_Unparseable):
+                    verdict = _verdict_from_candidate(block, default_score, default_ranking)
+                    if verdict is not None:
+                        return verdict
             for candidate in find_json_objects(block):
                 verdict = _verdict_from_candidate(candidate, default_score, default_ranking)
                 if verdict is not None:

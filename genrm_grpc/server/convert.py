@@ -110,7 +110,19 @@ def member_result(
     result.reward_overall_score_raw = reward.score_raw
     result.reward_overall_score = reward.overall_score
     result.reward_length_adjustment = reward.length_adjustment
-    result.comparisons.extend(verdicts_to_proto(reward.comparisons))
+    # Built in place: extend() would copy each PairVerdict built beforehand.
+    add = result.comparisons.add
+    for p in reward.comparisons:
+        verdict = p.verdict
+        add(
+            response_i=p.response_i,
+            response_j=p.response_j,
+            judge_index=p.judge_index,
+            score_1=verdict.score_1,
+            score_2=verdict.score_2,
+            ranking=verdict.ranking,
+            parse_failed=verdict.parse_failed,
+        )
     return result
 
 

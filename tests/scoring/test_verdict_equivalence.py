@@ -233,6 +233,15 @@ KNOWN_TEXTS = [
     "```json ``` ```json\t\n```",
     '```json\u00a0{"ranking": 1}\u2003```',
     '```jſon {"ranking": 4} ```',
+    # A fenced block that starts and ends with a brace is decoded whole first: its edges.
+    '```json\n{"score_1": 1} {"score_1": 2}\n```',
+    '```json\n{"x": 1} trailing {"score_2": 4}\n```',
+    '```json\n{"verdict": "none"}\n```\n```json\n{"ranking": 2}\n```',
+    '```json\n{"score_1": NaN, "score_2": 1}\n```\n{"score_1": 3}',
+    '```json\n{"overall": {"score_1": 5}, "score_1": 1}\n```',
+    '```json\n{"a": ' + "[" * 5000 + "]" * 5000 + '}\n```\n{"score_1": 2}',
+    '```json\n{"score_1": 1' + "0" * 400 + '}\n```\n{"score_2": 2}',
+    '```json\n{"score_1": 4, "why": "a } and a \\" {"}\n```',
 ]
 
 
