@@ -540,8 +540,10 @@ class CohortRuntime:
             return ticket
         if decision.disposition is Disposition.REPLAYED:
             ticket.replay = decision.replay
-            # An outcome whose records are still being written is not replayed before.
-            ticket.durable = self._unsettled.get(sub.key, write)
+            # An outcome whose records are still being written is not replayed before;
+            # a replay does not wait for anything else (this submission's own records
+            # are only retention's drops).
+            ticket.durable = self._unsettled.get(sub.key)
             return ticket
         cohort = decision.cohort
         assert cohort is not None
@@ -554,7 +556,8 @@ class CohortRuntime:
             )
             self._observer.cohort_started(cohort.key)
         elif ticket.durable is None and decision.disposition is Disposition.ATTACHED:
-            ticket.durable = self._last_write  # the member's own write may still be running
+            # The member's own write may still be queued or running.
+            ticket.durable = self._pending_write or self._last_write
         waiter = Waiter(live, sub.rollout_index, on_progress)
         live.waiters.setdefault(sub.rollout_index, set()).add(waiter)
         ticket.waiter = waiter

@@ -226,9 +226,12 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
                     await abort(context, self._wait_expired(coords_metadata(sub.coords)))
                 answer = self._outcome_to_result(sub, ticket, outcome)
         except CallInterrupted as exc:
+            answer = self._interrupted(sub, exc)
+        finally:
+            # However the call ends (answered, interrupted, cancelled by the client while
+            # its member was being written), its waiter goes; the member stays.
             if ticket.waiter is not None:
                 ticket.waiter.release()
-            answer = self._interrupted(sub, exc)
         if isinstance(answer, Rejection):
             await abort(context, answer)
         return pb.SubmitMemberResponse(result=answer)
@@ -446,6 +449,7 @@ class _GroupStream:
         self._held_bytes = 0
         self._groups: dict[CohortKey, list[Any]] = {}  # key → [group ref, members held]
         self._reading = True
+        self._replays_pending = 0  # replays waiting for their outcome to be written
         self._on_progress_cb = self._on_progress
         self._on_settled_cb = self._on_settled
         self.progress_dropped = 0
@@ -544,7 +548,10 @@ class _GroupStream:
         durable = ticket.durable
         if ticket.replay is not None:
             if durable is not None and not durable.done():
-                durable.add_done_callback(lambda _: self._replay(sub, ticket, ref))
+                # The outcome is still being written: the stream must not end before
+                # this member's answer, so it counts as held until then.
+                self._replays_pending += 1
+                durable.add_done_callback(lambda _: self._replay_when_durable(sub, ticket, ref))
             else:
                 self._replay(sub, ticket, ref)
             return
@@ -559,6 +566,11 @@ class _GroupStream:
             durable.add_done_callback(lambda _: self._accepted(held))
         else:
             self._accepted(held)
+
+    def _replay_when_durable(self, sub: Submission, ticket: Ticket, ref: pb.MemberRef) -> None:
+        self._replays_pending -= 1
+        self._replay(sub, ticket, ref)
+        self._wake.set()
 
     def _replay(self, sub: Submission, ticket: Ticket, ref: pb.MemberRef) -> None:
         failure = ticket.store_failure()
@@ -679,7 +691,7 @@ class _GroupStream:
                         self._room.set()
                     await write(event)
                     continue
-                if reader.done() and not self._held:
+                if reader.done() and not self._held and not self._replays_pending:
                     reader.result()  # re-raise a broken request stream
                     return
                 self._wake.clear()

@@ -1,0 +1,69 @@
+"""Answers wait for the store: nothing is sent before what it depends on is committed.
+
+The store's writer is held back for real: the test holds SQLite's write lock on the
+server's file from a second connection (``BEGIN IMMEDIATE``), so every commit waits
+until the test lets go, exactly as a slow disk would make it wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from genrm.cohort.v1 import cohort_pb2 as pb
+
+from genrm_grpc.cohort.model import CohortKey, Tombstone
+from tests.server.conftest import StartServer
+
+PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])
+
+
+def _request(k: int) -> pb.StreamGroupsRequest:
+    return pb.StreamGroupsRequest(
+        member=pb.SubmitMemberRequest(
+            member=pb.MemberRef(group_id="held", group_attempt=0, rollout_index=k, group_size=2),
+            prompt=PROMPT,
+            candidate=pb.Candidate(output_text=f"answer {k}: {2 * k + 3}"),
+        )
+    )
+
+
+@contextmanager
+def _write_lock(store: Path) -> Iterator[None]:
+    conn = sqlite3.connect(store, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+async def test_a_stream_waits_for_a_replay_whose_outcome_is_still_being_written(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    store = tmp_path / "held.sqlite3"
+    server, client = await start_server(store=f"sqlite:///{store}")
+    key = CohortKey("held", None, 0)
+    group = client.stub.StreamGroups()
+    resend = client.stub.StreamGroups()  # a second stream that holds nothing else
+    with _write_lock(store):
+        await group.write(_request(0))
+        await group.write(_request(1))
+        await group.done_writing()
+        # The group is judged and complete in memory, but its records wait for the lock.
+        while not isinstance(server.registry.lookup(key, server.runtime.now()), Tombstone):
+            await asyncio.sleep(0.01)
+        await resend.write(_request(0))  # a replay of an outcome not yet written
+        await resend.done_writing()
+        await asyncio.sleep(0.2)  # nothing may be answered while the writer is held back
+        assert not group.done() and not resend.done()
+    first = [e async for e in group]
+    kinds = [e.WhichOneof("event") for e in first]
+    assert kinds.count("accepted") == 2 and kinds.count("result") == 2, kinds
+    second = [e async for e in resend]
+    assert [e.WhichOneof("event") for e in second] == ["accepted", "result"]
+    assert second[1].result.replayed and second[1].result.member.rollout_index == 0
