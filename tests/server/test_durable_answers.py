@@ -55,8 +55,12 @@ async def test_a_stream_waits_for_a_replay_whose_outcome_is_still_being_written(
         await group.write(_request(1))
         await group.done_writing()
         # The group is judged and complete in memory, but its records wait for the lock.
-        while not isinstance(server.registry.lookup(key, server.runtime.now()), Tombstone):
+        for _ in range(3000):  # the judge is a real HTTP server: up to 30 s
+            if isinstance(server.registry.lookup(key, server.runtime.now()), Tombstone):
+                break
             await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the group was never judged")
         await resend.write(_request(0))  # a replay of an outcome not yet written
         await resend.done_writing()
         await asyncio.sleep(0.2)  # nothing may be answered while the writer is held back
