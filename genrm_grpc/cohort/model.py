@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import marshal
+import math
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -151,6 +152,22 @@ class Completed:
     #: attempt of the group (reused) or from before a restart (resumed).
     passes_reused: int = 0
     passes_resumed: int = 0
+
+
+def reward_problem(rewards: tuple[MemberReward, ...], group_size: int) -> str | None:
+    """Why these rewards must not be published (None when they may): the one rule that
+    a result has exactly one finite reward per member."""
+    if len(rewards) != group_size:
+        return (
+            f"aggregation produced {len(rewards)} rewards for {group_size} members; "
+            "nothing was published"
+        )
+    bad = [k for k, r in enumerate(rewards) if not math.isfinite(r.reward)]
+    if bad:
+        return (
+            f"aggregation produced non-finite rewards for members {bad[:20]}; nothing was published"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)

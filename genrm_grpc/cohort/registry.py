@@ -40,6 +40,7 @@ from genrm_grpc.cohort.model import (
     clip,
     clip_reason,
     group_scope,
+    reward_problem,
 )
 from genrm_grpc.cohort.phases import Event, transition
 from genrm_grpc.store.base import CohortStore
@@ -250,12 +251,9 @@ class CohortRegistry:
         """Every pass was judged and aggregated. None (discarded) unless the cohort waits."""
         if not self._waits_for_judge(cohort):
             return None
-        if len(outcome.rewards) != cohort.group_size:
-            reason = (
-                f"aggregation produced {len(outcome.rewards)} rewards for "
-                f"{cohort.group_size} members; nothing was published"
-            )
-            return self.aggregation_failed(cohort, reason, now)
+        problem = reward_problem(outcome.rewards, cohort.group_size)
+        if problem is not None:
+            return self.aggregation_failed(cohort, problem, now)
         self._end(cohort, Event.JUDGED, outcome, now)
         return self._ended(cohort)
 

@@ -40,6 +40,7 @@ from genrm_grpc.cohort.model import (
     Submission,
     Tombstone,
     comparisons_by_member,
+    reward_problem,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
@@ -454,7 +455,11 @@ class CohortRuntime:
                 raise JudgeFailedError(
                     "the comparison was cancelled: the server is shutting down"
                 ) from None
-            return self._score(cohort, results)
+            scored = self._score(cohort, results)
+            problem = reward_problem(scored.rewards, n)
+            if problem is not None:
+                raise ValueError(problem)
+            return scored
         finally:
             self._compare_passes -= passes
             self._evaluation_ended()
@@ -815,9 +820,6 @@ class CohortRuntime:
             scores = aggregate(texts, judged, params, baseline=baseline)
         else:
             scores = aggregate(texts, judged, params)
-        values = [m.reward for m in scores.members]
-        if len(values) != cohort.group_size or not all(math.isfinite(v) for v in values):
-            raise ValueError(f"aggregated rewards are not finite or not one per member: {values!r}")
         metrics = dict(scores.metrics)
         metrics.update(_usage_metrics([r.usage for r in results]))
         by_member = comparisons_by_member(len(scores.members), judged)
