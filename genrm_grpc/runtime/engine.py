@@ -940,27 +940,31 @@ class CohortRuntime:
 
     def _log_outcome(self, cohort: Cohort, outcome: Outcome, waiters: int) -> None:
         age_s = self._clock.now() - cohort.created_at
-        fields: dict[str, object] = {
-            "cohort": str(cohort.key),
-            "group_size": cohort.group_size,
-            "waiters": waiters,
-            "age_s": round(age_s, 3),
-        }
         kind: CohortOutcome
         if isinstance(outcome, Completed):
-            kind = "completed"
-            log.info("cohort completed", extra={**fields, "outcome": kind})
+            kind, level, message, reason = "completed", logging.INFO, "cohort completed", None
         elif isinstance(outcome, Masked):
-            kind = "masked"
-            log.warning(
-                "cohort masked: judge failed",
-                extra={**fields, "outcome": kind, "reason": outcome.reason},
-            )
+            kind, level, message = "masked", logging.WARNING, "cohort masked: judge failed"
+            reason = outcome.reason
         else:
-            kind = "failed"
-            log.warning(
-                "cohort failed", extra={**fields, "outcome": kind, "reason": outcome.reason}
+            kind, level, message, reason = (
+                "failed",
+                logging.WARNING,
+                "cohort failed",
+                outcome.reason,
             )
+        # The fields are built only when the line is written (one per cohort at INFO).
+        if log.isEnabledFor(level):
+            fields: dict[str, object] = {
+                "cohort": str(cohort.key),
+                "group_size": cohort.group_size,
+                "waiters": waiters,
+                "age_s": round(age_s, 3),
+                "outcome": kind,
+            }
+            if reason is not None:
+                fields["reason"] = reason
+            log.log(level, message, extra=fields)
         self._observer.cohort_finished(cohort.key, kind, age_s)
 
 
