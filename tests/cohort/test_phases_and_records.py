@@ -1,0 +1,132 @@
+"""The cohort phase table, and the records each registry decision carries.
+
+The registry is the only place that changes a cohort's phase (through one transition
+table) and the only place that says what must be persisted: each decision lists the
+records it changed, with wall-clock instants, so a store replaying them rebuilds the
+same state (``restore``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from genrm_grpc.cohort.model import Completed, Masked, Phase, Tombstone
+from genrm_grpc.cohort.phases import TRANSITIONS, Event, IllegalTransition, transition
+from genrm_grpc.cohort.registry import Disposition
+from genrm_grpc.store.records import (
+    CohortRecord,
+    DropCohort,
+    DropTombstone,
+    MemberRecord,
+    Recovered,
+    RecoveredCohort,
+    TombstoneRecord,
+    WatermarkRecord,
+)
+from tests.cohort.support import COLLECTION_S, EVALUATION_S, T0, completed, registry, sub
+
+WALL = 1_700_000_000.0  # the wall clock at T0
+
+
+def test_terminal_phases_take_no_event_and_every_pair_outside_the_table_is_refused() -> None:
+    for phase in Phase:
+        for event in Event:
+            if (phase, event) in TRANSITIONS:
+                assert transition(phase, event) is TRANSITIONS[(phase, event)]
+            else:
+                with pytest.raises(IllegalTransition):
+                    transition(phase, event)
+    assert not any(phase in (Phase.COMPLETED, Phase.FAILED) for phase, _ in TRANSITIONS)
+    # Only a full cohort starts judging, and judging ends in COMPLETED (possibly masked).
+    assert [p for (p, e), to in TRANSITIONS.items() if to is Phase.EVALUATING] == [Phase.COLLECTING]
+    assert transition(Phase.EVALUATING, Event.JUDGE_FAILED) is Phase.COMPLETED
+
+
+def test_members_and_the_filled_header_are_records_with_wall_clock_deadlines() -> None:
+    reg, _ = registry()
+    reg.wall_offset = WALL - T0
+    first = reg.submit(sub(0), T0)
+    kinds = [type(r) for r in first.records]
+    assert kinds == [WatermarkRecord, CohortRecord, MemberRecord]
+    header = first.records[1]
+    assert isinstance(header, CohortRecord)
+    assert header.phase == "collecting"
+    assert header.collection_deadline == WALL + COLLECTION_S
+    assert reg.submit(sub(0), T0 + 1).records == []  # an identical resend changes nothing
+    reg.submit(sub(1), T0 + 1)
+    last = reg.submit(sub(2), T0 + 2)
+    assert last.frozen
+    filled = [r for r in last.records if isinstance(r, CohortRecord)]
+    assert len(filled) == 1 and filled[0].phase == "evaluating"
+    assert filled[0].evaluation_deadline == WALL + 2 + EVALUATION_S
+
+
+def test_an_ended_cohort_is_dropped_and_leaves_a_tombstone_record() -> None:
+    reg, _ = registry()
+    reg.wall_offset = WALL - T0
+    for i in range(3):
+        decision = reg.submit(sub(i), T0)
+    assert decision.cohort is not None
+    ended = reg.evaluation_finished(decision.cohort, completed(3), T0 + 5)
+    assert ended and ended.records
+    [drop] = [r for r in ended.records if isinstance(r, DropCohort)]
+    [tomb] = [r for r in ended.records if isinstance(r, TombstoneRecord)]
+    assert drop.keep_verdicts
+    assert tomb.tombstone.finished_at == WALL + 5
+    assert isinstance(tomb.tombstone.outcome, Completed)
+    assert any(isinstance(r, WatermarkRecord) for r in ended.records)
+
+
+def test_retention_drops_reach_the_durable_store_as_records() -> None:
+    reg, _ = registry(max_records=1)
+    for gid in ("a", "b"):
+        for i in range(3):
+            decision = reg.submit(sub(i, gid=gid), T0)
+        assert decision.cohort is not None
+        ended = reg.judge_failed(decision.cohort, "judge down", T0)
+        assert ended
+    # The second tombstone pushed the first out of the bound: its drop is persisted.
+    assert [r.key.group_id for r in ended.records if isinstance(r, DropTombstone)] == ["a"]
+
+
+def test_a_registry_restored_from_its_records_decides_as_the_original() -> None:
+    """Replay every record into a Recovered, as a store would read it back."""
+    reg, _ = registry(collection_s=1000)
+    reg.wall_offset = WALL - T0
+    records = []
+    for i in range(2):
+        records += reg.submit(sub(i, gid="open"), T0).records
+    for i in range(3):
+        decision = reg.submit(sub(i, gid="done"), T0)
+        records += decision.records
+    assert decision.cohort is not None
+    ended = reg.judge_failed(decision.cohort, "judge down", T0 + 1)
+    assert ended
+    records += ended.records
+
+    headers = {r.key: r for r in records if isinstance(r, CohortRecord)}
+    dropped = {r.key for r in records if isinstance(r, DropCohort)}
+    recovered = Recovered(
+        cohorts=tuple(
+            RecoveredCohort(
+                h, tuple(m for m in records if isinstance(m, MemberRecord) and m.key == k)
+            )
+            for k, h in headers.items()
+            if k not in dropped
+        ),
+        tombstones=tuple(r for r in records if isinstance(r, TombstoneRecord)),
+        watermarks=tuple(r for r in records if isinstance(r, WatermarkRecord)),
+    )
+    # A new process, 100 s later on the wall clock, with another monotonic origin.
+    again, _ = registry(collection_s=1000)
+    again.wall_offset = WALL - T0 + 100 - 50
+    now = T0 + 50
+    [open_cohort] = again.restore(recovered, now)
+    assert open_cohort.phase is Phase.COLLECTING and sorted(open_cohort.members) == [0, 1]
+    # Time spent down counted: 100 s of the collection window are gone.
+    assert open_cohort.collection_deadline == pytest.approx(now + 1000 - 100)
+    assert again.submit(sub(0, gid="open"), now).disposition is Disposition.ATTACHED
+    replay = again.submit(sub(1, gid="done"), now)
+    assert replay.disposition is Disposition.REPLAYED
+    assert isinstance(replay.replay, Tombstone) and isinstance(replay.replay.outcome, Masked)
+    assert again.submit(sub(2, gid="open"), now).frozen
