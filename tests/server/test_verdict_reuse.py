@@ -84,6 +84,8 @@ async def test_a_masked_attempt_resent_with_the_same_answers_reuses_every_finish
     info = await client.get_cohort(_ref("m", 0, 1), prompt=PROMPT)  # type: ignore[attr-defined]
     assert info.judge_passes_reused == journaled
     assert server.runtime.stats()["passes_reused"] == journaled
+    exposition = server.metrics.exposition().decode()
+    assert f"genrm_judge_passes_reused_total {float(journaled)}" in exposition
 
 
 async def test_identical_answers_in_a_new_attempt_need_no_judge_call_on_the_file_store(
