@@ -55,8 +55,18 @@ class Stack:
         return reply.status_code, reply.json()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _store_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """genrm-grpc keeps its state in a SQLite file (default: in the working directory);
+    the servers these tests start use one under a temporary directory instead."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("store") / "genrm-state.sqlite3"
+        patch.setenv("GENRM_STORE", f"sqlite:///{path}")
+        yield
+
+
 @pytest.fixture(scope="module")
-def grpc_stack() -> Iterator[tuple[str, str]]:
+def grpc_stack(_store_file: None) -> Iterator[tuple[str, str]]:
     with running_stack(["--num-rollouts-per-prompt", str(GROUP_SIZE)]) as stack:
         yield stack
 

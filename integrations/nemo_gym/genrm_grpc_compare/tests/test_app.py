@@ -7,8 +7,10 @@ import json
 import signal
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
+import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient, CohortError
 from nemo_gym.base_resources_server import BaseVerifyResponse
@@ -217,8 +219,12 @@ async def test_compare_forwards_to_compare(stack: Stack) -> None:
     }
 
 
-async def test_genrm_grpc_shutdown_fails_the_waiting_rollout_with_503(stack: Stack) -> None:
-    # A server of its own, stopped with SIGTERM while a rollout of its group waits.
+async def test_genrm_grpc_shutdown_fails_the_waiting_rollout_with_503(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server of its own (its own store file), stopped with SIGTERM while a rollout of
+    # its group waits: the cohort is kept for a restart, the waiting call is told so.
+    monkeypatch.setenv("GENRM_STORE", f"sqlite:///{tmp_path}/own.sqlite3")
     args = [sys.executable, "-m", "genrm_grpc.cli", "serve", "--listen", "127.0.0.1:0"]
     args += ["--judge-url", stack.judge_url, "--shutdown-grace-s", "0.5", "--log-level", "ERROR"]
     with _process(args, "genrm-grpc serving on") as (proc, target):
