@@ -1269,6 +1269,8 @@ async def _run(
         stream_max_buffered_events=cfg.stream_max_buffered_events,
         max_judge_passes_per_cohort=max_passes(cfg.size),
         auth={"tokens_file": str(tokens)},
+        # The default kind of store, a fresh file per run: a run never resumes another's.
+        store=f"sqlite:///{tempfile.mkdtemp(prefix='genrm-soak-')}/state.sqlite3",
     )
     server = CohortServer(settings)
     port = await server.start()
