@@ -24,6 +24,7 @@ import grpc
 import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
+from genrm_cohort_client import CohortClient, RetryPolicy
 from google.rpc import error_details_pb2, status_pb2
 
 from tests.judge.processes import FakeJudgeProcess, free_port
@@ -327,3 +328,31 @@ def test_a_second_server_on_the_same_store_file_is_refused(server: Server, tmp_p
     )
     assert proc.returncode == 2
     assert "in use by another server" in proc.stderr.strip().splitlines()[-1]
+
+
+async def test_the_python_clients_own_retry_gets_every_reward_across_a_kill(
+    server: Server, judge: FakeJudgeProcess, tmp_path: Path
+) -> None:
+    """The collector does nothing special: CohortClient resends on UNAVAILABLE, the
+    restarted server reattaches the resends, and only unjournaled passes are judged."""
+    server.start()
+    store = _store(server)
+    retried = asyncio.Event()
+    policy = RetryPolicy(max_attempts=20, max_backoff_s=1.0, on_retry=lambda *_: retried.set())
+    async with CohortClient(server.target, retry=policy) as client:
+        calls = [
+            asyncio.ensure_future(
+                client.submit_member(m.member, m.prompt, m.candidate, timeout=120)
+            )
+            for m in (_member("cli", k) for k in range(SIZE))
+        ]
+        await asyncio.to_thread(_until, lambda: len(_rows(store, "SELECT 1 FROM verdicts")) >= 2)
+        server.kill()
+        journaled = len(_rows(store, "SELECT 1 FROM verdicts"))
+        before = judge.stats()["total"]
+        await retried.wait()  # the client saw UNAVAILABLE and is backing off
+        await asyncio.to_thread(server.start)
+        results = await asyncio.gather(*calls)
+    assert judge.stats()["total"] - before == SIZE - journaled
+    assert [r.reward for r in results] == await _uninterrupted_rewards(judge, tmp_path)
+    assert {r.judge_passes_resumed for r in results} == {journaled}
