@@ -5,8 +5,8 @@ through this interface yet (its cohort state is in memory only, see the README);
 backends are complete and tested on their own. ``memory://`` keeps nothing across a
 restart; ``sqlite:///PATH`` is a file (``sqlite:///genrm-state.sqlite3`` in the working
 directory, ``sqlite:////var/lib/genrm/state.sqlite3`` for an absolute path, four slashes
-as in SQLAlchemy's URLs). A shared ``redis://`` backend is to plug in behind the same
-interface.
+as in SQLAlchemy's URLs); ``redis://HOST:PORT/DB`` is a shared Redis
+(``genrm_grpc.store.redis``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from genrm_grpc.store.records import (
     Recovered,
     VerdictRecord,
 )
+from genrm_grpc.store.redis import RedisStore
 from genrm_grpc.store.sqlite import SqliteStore
 
 
@@ -94,7 +95,19 @@ def validate_store_url(url: str) -> str:
         if parts.path in ("", "/"):
             raise ValueError(f"store {url!r}: the sqlite URL names no file")
         return url
-    raise ValueError(f"store {url!r}: the scheme must be memory:// or sqlite:///PATH")
+    if parts.scheme == "redis":
+        try:
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            raise ValueError(f"store {url!r}: the port is not a number") from None
+        if not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"store {url!r}: a redis URL is redis://HOST:PORT/DB")
+        if not parts.path.lstrip("/").isdigit() and parts.path not in ("", "/"):
+            raise ValueError(f"store {url!r}: the database must be a number (redis://HOST/0)")
+        return url
+    raise ValueError(
+        f"store {url!r}: the scheme must be memory://, sqlite:///PATH or redis://HOST:PORT/DB"
+    )
 
 
 def store_from_url(url: str, *, synchronous: str = "FULL") -> DurableStore:
@@ -102,5 +115,7 @@ def store_from_url(url: str, *, synchronous: str = "FULL") -> DurableStore:
     parts = urlsplit(url)
     if parts.scheme == "memory":
         return MemoryDurable()
+    if parts.scheme == "redis":
+        return RedisStore(url)
     # sqlite:///rel → "/rel" → "rel"; sqlite:////abs → "//abs" → "/abs".
     return SqliteStore(parts.path[1:], synchronous=synchronous)
