@@ -61,7 +61,7 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -90,6 +90,9 @@ from genrm_grpc.store.records import (
     decode_coords,
     decode_prompt,
 )
+
+if TYPE_CHECKING:
+    from genrm_grpc.store.lease import GroupLeases
 
 log = logging.getLogger(__name__)
 
@@ -373,6 +376,12 @@ class RedisStore:
             self._queue.put_nowait(_STOP)
             await writer
         await self._client.aclose()
+
+    def leases(self, *, replica: str) -> GroupLeases:
+        """Group leases on this store's Redis connection (``genrm_grpc.store.lease``)."""
+        from genrm_grpc.store.lease import GroupLeases
+
+        return GroupLeases(self._client, replica=replica, address=self.address, prefix=self._prefix)
 
     # ------------------------------------------------------------------ reading
     async def find_verdict(
