@@ -113,8 +113,8 @@ return 1
 """
 
 # Journal one pass (KEYS: verdicts, reuse index; ARGV: pass field, verdict, question or
-# '', cohort). A group's reuse index keeps no TTL while any of its cohorts may still add
-# verdicts; tombstones give it one again (_TOMBSTONE).
+# '', cohort, the reuse entry). A group's reuse index keeps no TTL while any of its
+# cohorts may still add verdicts; tombstones give it one again (_TOMBSTONE).
 _ADD_VERDICT = """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 if ARGV[3] ~= '' then
@@ -125,7 +125,7 @@ if ARGV[3] ~= '' then
       if e[1] ~= ARGV[4] then kept[#kept + 1] = e end
     end
   end
-  kept[#kept + 1] = {ARGV[4], ARGV[2]}
+  kept[#kept + 1] = {ARGV[4], ARGV[5]}
   redis.call('HSET', KEYS[2], ARGV[3], cjson.encode(kept))
   redis.call('HDEL', KEYS[2], '~exp')
   redis.call('PERSIST', KEYS[2])
@@ -153,8 +153,10 @@ return 1
 _DROP_VERDICTS = """
 local vals = redis.call('HVALS', KEYS[1])
 for _, raw in ipairs(vals) do
-  local q = cjson.decode(raw)['q']
-  if type(q) == 'string' then
+  local d = cjson.decode(raw)
+  if type(d['s']) == 'string' then
+    local q = d['x'] .. ':' .. d['f'] .. ':' .. d['n'] .. ':' .. string.format('%d', d['k'])
+      .. ':' .. (d['w'] and '1' or '0')
     local cur = redis.call('HGET', KEYS[2], q)
     if cur then
       local kept = {}
@@ -289,8 +291,22 @@ def _verdict_json(record: VerdictRecord) -> str:
             "v": [v.score_1, v.score_2, v.ranking, v.parse_failed],
             "u": None if record.usage is None else list(record.usage),
             "t": record.finished_at,
-            "q": _verdict_question(record),
         }
+    )
+
+
+def _reuse_entry(record: VerdictRecord) -> str:
+    """What the reuse index keeps of a verdict: the rest is the question it is filed under."""
+    v = record.verdict
+    usage = None if record.usage is None else list(record.usage)
+    return _ascii_json(
+        [
+            record.response_i,
+            record.response_j,
+            [v.score_1, v.score_2, v.ranking, v.parse_failed],
+            usage,
+            record.finished_at,
+        ]
     )
 
 
@@ -401,7 +417,24 @@ class RedisStore:
         if raw is None:
             return None
         holders = json.loads(raw)
-        return _verdict_from(holders[0][1]) if holders else None
+        if not holders:
+            return None
+        cohort, entry = holders[0]
+        i, j, (s1, s2, rank, failed), usage, finished = json.loads(entry)
+        return VerdictRecord(
+            cohort=CohortKey(*json.loads(cohort)),
+            scope=scope,
+            context=context,
+            first=first,
+            second=second,
+            judge_index=judge_index,
+            swap=swap,
+            response_i=i,
+            response_j=j,
+            verdict=Verdict(s1, s2, rank, bool(failed)),
+            usage=None if usage is None else (usage[0], usage[1], usage[2]),
+            finished_at=finished,
+        )
 
     # ------------------------------------------------------------------ writing
     def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
@@ -525,6 +558,7 @@ class RedisStore:
                         _verdict_json(record),
                         _verdict_question(record) or "",
                         _key_text(cohort),
+                        _reuse_entry(record),
                     )
                 )
             elif isinstance(record, CohortRecord):

@@ -215,16 +215,18 @@ async def test_another_attempts_verdict_keeps_serving_when_one_attempt_is_droppe
     make_store: MakeStore,
 ) -> None:
     first, second = CohortKey("g", None, 0), CohortKey("g", None, 1)
+    scope = scope_of(first)
     store, _ = await reopened(make_store)
     try:
-        await store.persist([verdict_record(first, 0, 1), verdict_record(second, 0, 1)])
+        for k in (0, 1):  # judge index 1 is a swapped pass
+            await store.persist([verdict_record(first, 0, 1, k), verdict_record(second, 0, 1, k)])
         await store.persist([DropTombstone(first)])
-        found = await store.find_verdict(scope_of(first), CTX, digest(0), digest(1), 0, False)
-        assert found == verdict_record(second, 0, 1)
+        for k in (0, 1):
+            found = await store.find_verdict(scope, CTX, digest(0), digest(1), k, k == 1)
+            assert found == verdict_record(second, 0, 1, k)
         await store.persist([DropTombstone(second)])
-        assert (
-            await store.find_verdict(scope_of(first), CTX, digest(0), digest(1), 0, False) is None
-        )
+        for k in (0, 1):
+            assert await store.find_verdict(scope, CTX, digest(0), digest(1), k, k == 1) is None
     finally:
         await store.close()
 
