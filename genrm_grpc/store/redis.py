@@ -36,7 +36,8 @@ own. Redis applies an ``EXEC`` whole or not at all when the connection drops (a
 transaction whose ``EXEC`` never arrived is discarded) and every write is idempotent, so
 a commit retried after a lost reply writes the same state. Redis does not roll back a
 command that fails *inside* ``EXEC`` (a key of the wrong type, written by something
-else): then each batch of the commit is retried on its own.
+else): that batch fails, possibly partly applied, and the other batches of the commit
+are retried on their own.
 
 **Failures.** A connection failure or timeout fails the commit's futures with
 :class:`RedisUnavailableError` naming the address (``redis://HOST:PORT/DB``, never a
