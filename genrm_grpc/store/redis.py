@@ -30,14 +30,21 @@ replicas' expires records at the same instant the SQLite store would stop readin
 
 **Writing.** ``persist`` queues a batch; one writer task takes every batch queued when it
 wakes (those that arrived while the previous round trip was in flight) and sends them as
-one ``MULTI``/``EXEC`` pipeline: one round trip per commit, however many batches. Each
-batch is encoded before anything is sent, so a batch that cannot be encoded fails on its
-own. Redis applies an ``EXEC`` whole or not at all when the connection drops (a
-transaction whose ``EXEC`` never arrived is discarded) and every write is idempotent, so
-a commit retried after a lost reply writes the same state. Redis does not roll back a
-command that fails *inside* ``EXEC`` (a key of the wrong type, written by something
-else): that batch fails, possibly partly applied, and the other batches of the commit
-are retried on their own.
+one ``MULTI``/``EXEC`` pipeline: one round trip per commit, however many batches. The
+transaction loads the store's one Lua script (``SCRIPT LOAD``, so a Redis that forgot
+its scripts in a restart cannot fail half a commit) and runs it once per batch
+(``EVALSHA``): a batch is applied by one script, atomically. Each batch is encoded
+before anything is sent, so a batch that cannot be encoded fails on its own. Redis
+applies an ``EXEC`` whole or not at all when the connection drops (a transaction whose
+``EXEC`` never arrived is discarded) and every write is idempotent, so a commit retried
+after a lost reply writes the same state. Redis does not roll back a script that fails
+halfway (a key of the wrong type, written by something else): that batch fails,
+possibly partly applied, and the other batches of the commit are retried on their own.
+
+**Fencing.** ``persist(records, lease=...)`` fences a batch by a group lease
+(``genrm_grpc.store.lease``): the script writes it only while that lease is the group's
+current one, else nothing of it, and the future fails with :class:`LeaseLostError`. A
+replica that paused or lost Redis past its lease therefore cannot write a decision.
 
 **Failures.** A connection failure or timeout fails the commit's futures with
 :class:`RedisUnavailableError` naming the address (``redis://HOST:PORT/DB``, never a
@@ -93,7 +100,7 @@ from genrm_grpc.store.records import (
 )
 
 if TYPE_CHECKING:
-    from genrm_grpc.store.lease import GroupLeases
+    from genrm_grpc.store.lease import GroupLeases, Lease
 
 log = logging.getLogger(__name__)
 
@@ -101,84 +108,119 @@ PREFIX = "genrm"
 _EXPIRY = struct.Struct("<d")
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
-# Raise the watermark to max(stored, new); the expiry is always the new one.
-_WATERMARK = """
-local a = ARGV[1]
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local c = string.match(cur, '^(%d+) ')
-  if c and tonumber(c) > tonumber(a) then a = c end
-end
-redis.call('SET', KEYS[1], a .. ' ' .. ARGV[2], 'PXAT', ARGV[3])
-return 1
-"""
-
-# Journal one pass (KEYS: verdicts, reuse index; ARGV: pass field, verdict, question or
-# '', cohort, the reuse entry). A group's reuse index keeps no TTL while any of its
-# cohorts may still add verdicts; tombstones give it one again (_TOMBSTONE).
-_ADD_VERDICT = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if ARGV[3] ~= '' then
+# One batch, atomically: every write of the store goes through this script, one EVALSHA
+# per batch (the commit loads it first, in the same transaction, so a Redis restart
+# that emptied its script cache cannot fail half a commit).
+#
+# KEYS[1] is the lease key of a fenced batch (else the batch's first key, unused);
+# ARGV[1] the lease value the batch is fenced by, or ''. A fenced batch whose lease is
+# no longer that value writes nothing and returns 0. Then each operation takes its keys
+# from KEYS and its arguments from ARGV, in order:
+#
+#   H   1 key  field value          HSET
+#   D   1 key                       DEL
+#   W   1 key  attempt text pxat    watermark: max(stored, attempt), expiry always new
+#   V   2 keys pass json q cohort entry
+#                                   journal a pass (verdicts hash) and, when q is not
+#                                   '', file it in the group's reuse index, which keeps
+#                                   no TTL while an attempt may add verdicts
+#   T   3 keys value pxat           a tombstone; the cohort's verdicts expire with it,
+#                                   the reuse index with the group's last tombstone
+#   X   2 keys cohort               forget a cohort's verdicts, in the reuse index too
+#                                   (other attempts' verdicts on a question stay)
+#
+# The reuse index never re-encodes verdict numbers (cjson would round them): entries
+# are strings.
+_APPLY = """
+local function drop_holder(rkey, q, cohort)
+  local cur = redis.call('HGET', rkey, q)
+  if not cur then return end
   local kept = {}
-  local cur = redis.call('HGET', KEYS[2], ARGV[3])
-  if cur then
-    for _, e in ipairs(cjson.decode(cur)) do
-      if e[1] ~= ARGV[4] then kept[#kept + 1] = e end
-    end
+  for _, e in ipairs(cjson.decode(cur)) do
+    if e[1] ~= cohort then kept[#kept + 1] = e end
   end
-  kept[#kept + 1] = {ARGV[4], ARGV[5]}
-  redis.call('HSET', KEYS[2], ARGV[3], cjson.encode(kept))
-  redis.call('HDEL', KEYS[2], '~exp')
-  redis.call('PERSIST', KEYS[2])
-end
-return 1
-"""
-
-# Write a tombstone (KEYS: tombstone, verdicts, reuse index; ARGV: value, expiry in ms):
-# the cohort's verdicts expire with it, the reuse index with the group's last tombstone.
-_TOMBSTONE = """
-redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
-if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIREAT', KEYS[2], ARGV[2]) end
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  local cur = tonumber(redis.call('HGET', KEYS[3], '~exp') or '0')
-  if tonumber(ARGV[2]) > cur then
-    redis.call('HSET', KEYS[3], '~exp', ARGV[2])
-    redis.call('PEXPIREAT', KEYS[3], ARGV[2])
+  if #kept == 0 then
+    redis.call('HDEL', rkey, q)
+  else
+    redis.call('HSET', rkey, q, cjson.encode(kept))
   end
 end
-return 1
-"""
 
-# Forget a cohort's verdicts (KEYS: verdicts, reuse index; ARGV: cohort), in the reuse
-# index too; other cohorts' verdicts on the same questions keep serving.
-_DROP_VERDICTS = """
-local vals = redis.call('HVALS', KEYS[1])
-for _, raw in ipairs(vals) do
-  local d = cjson.decode(raw)
-  if type(d['s']) == 'string' then
-    local q = d['x'] .. ':' .. d['f'] .. ':' .. d['n'] .. ':' .. string.format('%d', d['k'])
-      .. ':' .. (d['w'] and '1' or '0')
-    local cur = redis.call('HGET', KEYS[2], q)
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local k, a = 2, 2
+while a <= #ARGV do
+  local op = ARGV[a]
+  if op == 'H' then
+    redis.call('HSET', KEYS[k], ARGV[a + 1], ARGV[a + 2])
+    k, a = k + 1, a + 3
+  elseif op == 'D' then
+    redis.call('DEL', KEYS[k])
+    k, a = k + 1, a + 1
+  elseif op == 'W' then
+    local attempt = ARGV[a + 1]
+    local cur = redis.call('GET', KEYS[k])
     if cur then
+      local c = string.match(cur, '^(%d+) ')
+      if c and tonumber(c) > tonumber(attempt) then attempt = c end
+    end
+    redis.call('SET', KEYS[k], attempt .. ' ' .. ARGV[a + 2], 'PXAT', ARGV[a + 3])
+    k, a = k + 1, a + 4
+  elseif op == 'V' then
+    local q, cohort = ARGV[a + 3], ARGV[a + 4]
+    redis.call('HSET', KEYS[k], ARGV[a + 1], ARGV[a + 2])
+    if q ~= '' then
+      local rkey = KEYS[k + 1]
       local kept = {}
-      for _, e in ipairs(cjson.decode(cur)) do
-        if e[1] ~= ARGV[1] then kept[#kept + 1] = e end
+      local cur = redis.call('HGET', rkey, q)
+      if cur then
+        for _, e in ipairs(cjson.decode(cur)) do
+          if e[1] ~= cohort then kept[#kept + 1] = e end
+        end
       end
-      if #kept == 0 then
-        redis.call('HDEL', KEYS[2], q)
-      else
-        redis.call('HSET', KEYS[2], q, cjson.encode(kept))
+      kept[#kept + 1] = {cohort, ARGV[a + 5]}
+      redis.call('HSET', rkey, q, cjson.encode(kept))
+      redis.call('HDEL', rkey, '~exp')
+      redis.call('PERSIST', rkey)
+    end
+    k, a = k + 2, a + 6
+  elseif op == 'T' then
+    local pxat = ARGV[a + 2]
+    redis.call('SET', KEYS[k], ARGV[a + 1], 'PXAT', pxat)
+    if redis.call('EXISTS', KEYS[k + 1]) == 1 then redis.call('PEXPIREAT', KEYS[k + 1], pxat) end
+    if redis.call('EXISTS', KEYS[k + 2]) == 1 then
+      local cur = tonumber(redis.call('HGET', KEYS[k + 2], '~exp') or '0')
+      if tonumber(pxat) > cur then
+        redis.call('HSET', KEYS[k + 2], '~exp', pxat)
+        redis.call('PEXPIREAT', KEYS[k + 2], pxat)
       end
     end
+    k, a = k + 3, a + 3
+  elseif op == 'X' then
+    local cohort = ARGV[a + 1]
+    for _, raw in ipairs(redis.call('HVALS', KEYS[k])) do
+      local d = cjson.decode(raw)
+      if type(d['s']) == 'string' then
+        drop_holder(KEYS[k + 1], d['x'] .. ':' .. d['f'] .. ':' .. d['n'] .. ':'
+          .. string.format('%d', d['k']) .. ':' .. (d['w'] and '1' or '0'), cohort)
+      end
+    end
+    redis.call('DEL', KEYS[k])
+    k, a = k + 2, a + 2
+  else
+    return redis.error_reply('unknown store operation ' .. tostring(op))
   end
 end
-redis.call('DEL', KEYS[1])
-return #vals
+return 1
 """
+_APPLY_SHA = hashlib.sha1(_APPLY.encode()).hexdigest()
 
 
 class RedisUnavailableError(StoreError):
     """Redis did not answer (connection refused or lost, timeout): retry later."""
+
+
+class LeaseLostError(StoreError):
+    """A fenced batch's lease is no longer the group's current one: nothing was written."""
 
 
 class RedisStartupError(StoreSchemaError):
@@ -203,6 +245,7 @@ class RedisStats:
 class _Batch:
     records: Sequence[Record]
     future: asyncio.Future[None]
+    lease: Lease | None = None
 
 
 _Command = tuple[str | bytes | int, ...]
@@ -438,12 +481,17 @@ class RedisStore:
         )
 
     # ------------------------------------------------------------------ writing
-    def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
+    def persist(
+        self, records: Sequence[Record], *, lease: Lease | None = None
+    ) -> asyncio.Future[None]:
         """Queue ``records`` for the next commit; the future resolves once Redis has them.
 
         It fails with :class:`RedisUnavailableError` when Redis cannot be reached and
         with :class:`StoreError` when the batch cannot be written; a failed batch
-        writes nothing.
+        writes nothing. With ``lease`` (a group lease of :meth:`leases`) the batch is
+        *fenced*: every record must belong to the lease's group, and the batch is
+        written only if the lease is still the group's current one when Redis applies
+        it — else the future fails with :class:`LeaseLostError` and nothing is written.
         """
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not records:
@@ -451,7 +499,7 @@ class RedisStore:
         elif self._writer is None:
             future.set_exception(StoreError(f"the store {self.address} is closed"))
         else:
-            self._queue.put_nowait(_Batch(records, future))
+            self._queue.put_nowait(_Batch(records, future, lease))
         return future
 
     async def _run(self) -> None:
@@ -472,53 +520,69 @@ class RedisStore:
 
     async def _commit(self, batches: list[_Batch]) -> None:
         started = time.perf_counter()
-        encoded: list[tuple[_Batch, list[_Command]]] = []
+        encoded: list[tuple[_Batch, _Command]] = []
         for batch in batches:
             try:
-                encoded.append((batch, self._encode(batch.records)))
+                encoded.append((batch, self._encode(batch.records, batch.lease)))
             except Exception as exc:  # one bad batch must not fail its neighbours
                 self._fail([batch], StoreError(f"the store {self.address} cannot write: {exc}"))
         if not encoded:
             return
-        error = await self._transaction([c for _, commands in encoded for c in commands])
-        failed_inside = error is not None and not isinstance(error, RedisUnavailableError)
+        outcome = await self._transaction([command for _, command in encoded])
+        failed_inside = isinstance(outcome, StoreError) and not isinstance(
+            outcome, RedisUnavailableError
+        )
         if failed_inside and len(encoded) > 1:
-            # A command failed inside EXEC; every write is idempotent, so each batch is
+            # A batch failed inside EXEC; every write is idempotent, so each batch is
             # retried on its own and only the bad one fails.
-            for batch, commands in encoded:
-                self._finish([batch], await self._transaction(commands), started)
+            for batch, command in encoded:
+                self._finish([batch], await self._transaction([command]), started)
             return
-        self._finish([batch for batch, _ in encoded], error, started)
+        self._finish([batch for batch, _ in encoded], outcome, started)
 
-    async def _transaction(self, commands: list[_Command]) -> StoreError | None:
+    async def _transaction(self, commands: list[_Command]) -> StoreError | list[object]:
+        """One MULTI/EXEC: load the script, then one EVALSHA per batch; their results."""
         self.stats.round_trips += 1
         self.stats.in_flight += 1
         try:
             async with self._client.pipeline(transaction=True) as pipe:
+                pipe.execute_command("SCRIPT", "LOAD", _APPLY)
                 for command in commands:
                     pipe.execute_command(*command)
-                await pipe.execute()
+                results: list[object] = await pipe.execute()
         except _UNAVAILABLE as exc:
             return RedisUnavailableError(f"the store {self.address} is unreachable: {exc}")
         except RedisError as exc:
             return StoreError(f"the store {self.address} could not commit: {exc}")
         finally:
             self.stats.in_flight -= 1
-        return None
+        return results[1:]
 
-    def _finish(self, batches: list[_Batch], error: StoreError | None, started: float) -> None:
-        if error is not None:
-            log.error("store commit failed: %s", error)
-            self._fail(batches, error)
+    def _finish(
+        self, batches: list[_Batch], outcome: StoreError | list[object], started: float
+    ) -> None:
+        if isinstance(outcome, StoreError):
+            log.error("store commit failed: %s", outcome)
+            self._fail(batches, outcome)
             return
         self.stats.commits += 1
-        self.stats.batches += len(batches)
-        self.stats.records += sum(len(b.records) for b in batches)
         samples = self.stats.commit_seconds
         if len(samples) >= 4096:
             del samples[:2048]
         samples.append(time.perf_counter() - started)
-        for batch in batches:
+        for batch, applied in zip(batches, outcome, strict=True):
+            if applied != 1:
+                assert batch.lease is not None  # only a fenced batch is refused
+                self._fail(
+                    [batch],
+                    LeaseLostError(
+                        f"the lease {batch.lease.token} of a group is no longer current in "
+                        f"the store {self.address}: nothing written"
+                    ),
+                )
+                continue
+            self.stats.batches += 1
+            self.stats.records += len(batch.records)
             if not batch.future.done():
                 batch.future.set_result(None)
 
@@ -529,9 +593,11 @@ class RedisStore:
             if not batch.future.done():
                 batch.future.set_exception(error)
 
-    def _encode(self, records: Sequence[Record]) -> list[_Command]:
+    def _encode(self, records: Sequence[Record], lease: Lease | None) -> _Command:
+        """The batch as one EVALSHA of the apply script (see _APPLY for the operations)."""
         keys = self._keys
-        out: list[_Command] = []
+        names: list[str] = []
+        args: list[str | bytes | int] = []
         for record in records:
             if isinstance(record, MemberRecord):
                 member = [
@@ -540,28 +606,23 @@ class RedisStore:
                     record.texts.reasoning,
                     record.texts.answer,
                 ]
-                slot = f"m:{record.coords.rollout_index}"
-                out.append(("HSET", keys.cohort(record.key), slot, _ascii_json(member)))
+                names.append(keys.cohort(record.key))
+                args += ["H", f"m:{record.coords.rollout_index}", _ascii_json(member)]
             elif isinstance(record, VerdictRecord):
                 cohort = record.cohort
                 if record.scope is not None and record.scope != cohort.group_scope:
                     raise ValueError(
                         f"a verdict's scope {record.scope!r} is not its cohort's group scope"
                     )
-                out.append(
-                    (
-                        "EVAL",
-                        _ADD_VERDICT,
-                        2,
-                        keys.verdicts(cohort),
-                        keys.reuse(cohort),
-                        f"{record.response_i}:{record.response_j}:{record.judge_index}",
-                        _verdict_json(record),
-                        _verdict_question(record) or "",
-                        _key_text(cohort),
-                        _reuse_entry(record),
-                    )
-                )
+                names += [keys.verdicts(cohort), keys.reuse(cohort)]
+                args += [
+                    "V",
+                    f"{record.response_i}:{record.response_j}:{record.judge_index}",
+                    _verdict_json(record),
+                    _verdict_question(record) or "",
+                    _key_text(cohort),
+                    _reuse_entry(record),
+                ]
             elif isinstance(record, CohortRecord):
                 header = [
                     record.seq,
@@ -573,50 +634,43 @@ class RedisStore:
                     record.collection_deadline,
                     record.evaluation_deadline,
                 ]
-                out.append(("HSET", keys.cohort(record.key), "h", _ascii_json(header)))
+                names.append(keys.cohort(record.key))
+                args += ["H", "h", _ascii_json(header)]
             elif isinstance(record, DropCohort):
-                out.append(("DEL", keys.cohort(record.key)))
+                names.append(keys.cohort(record.key))
+                args.append("D")
                 if not record.keep_verdicts:
-                    out.append(self._drop_verdicts(record.key))
+                    names += [keys.verdicts(record.key), keys.reuse(record.key)]
+                    args += ["X", _key_text(record.key)]
             elif isinstance(record, TombstoneRecord):
                 tomb = record.tombstone
+                names += [keys.tombstone(tomb.key), keys.verdicts(tomb.key), keys.reuse(tomb.key)]
                 value = _EXPIRY.pack(record.expires_at) + tomb.record()
-                out.append(
-                    (
-                        "EVAL",
-                        _TOMBSTONE,
-                        3,
-                        keys.tombstone(tomb.key),
-                        keys.verdicts(tomb.key),
-                        keys.reuse(tomb.key),
-                        value,
-                        _pxat(record.expires_at),
-                    )
-                )
+                args += ["T", value, _pxat(record.expires_at)]
             elif isinstance(record, DropTombstone):
-                out.append(("DEL", keys.tombstone(record.key)))
-                out.append(self._drop_verdicts(record.key))
+                names += [
+                    keys.tombstone(record.key),
+                    keys.verdicts(record.key),
+                    keys.reuse(record.key),
+                ]
+                args += ["D", "X", _key_text(record.key)]
             elif isinstance(record, WatermarkRecord):
-                out.append(
-                    (
-                        "EVAL",
-                        _WATERMARK,
-                        1,
-                        keys.watermark(record.scope),
-                        record.attempt,
-                        f"{record.expires_at!r} {record.scope}".encode("utf-8", "surrogatepass"),
-                        _pxat(record.expires_at),
-                    )
-                )
+                text = f"{record.expires_at!r} {record.scope}".encode("utf-8", "surrogatepass")
+                names.append(keys.watermark(record.scope))
+                args += ["W", record.attempt, text, _pxat(record.expires_at)]
             elif isinstance(record, DropWatermark):
-                out.append(("DEL", keys.watermark(record.scope)))
+                names.append(keys.watermark(record.scope))
+                args.append("D")
             else:
                 raise TypeError(f"not a store record: {record!r}")
-        return out
-
-    def _drop_verdicts(self, key: CohortKey) -> _Command:
-        keys = self._keys
-        return ("EVAL", _DROP_VERDICTS, 2, keys.verdicts(key), keys.reuse(key), _key_text(key))
+        if lease is None:
+            return ("EVALSHA", _APPLY_SHA, len(names) + 1, names[0], *names, "", *args)
+        tag = "{" + group_tag(lease.scope) + "}"
+        foreign = next((name for name in names if tag not in name), None)
+        if foreign is not None:
+            raise ValueError(f"a batch fenced by the lease of one group writes {foreign}")
+        lease_key = f"{self._prefix}:l:{tag}"
+        return ("EVALSHA", _APPLY_SHA, len(names) + 1, lease_key, *names, lease.value, *args)
 
     # ------------------------------------------------------------------ start-up read
     async def _load_raw(self) -> dict[str, list[tuple[bytes, Any]]]:
