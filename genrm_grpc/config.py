@@ -340,7 +340,16 @@ class Settings(BaseSettings):
 
         if value == "memory":  # the name before the durable stores existed
             return "memory://"
-        return validate_store_url(value)
+        url = validate_store_url(value)
+        if url.startswith("redis:"):
+            # The Redis backend exists (genrm_grpc.store.redis), but a server serving
+            # from it needs the replica protocol (group leases, takeover) to be safe
+            # when several share it; until then it is refused rather than half-served.
+            raise ValueError(
+                f"store {value!r}: serving from Redis (shared by replicas) is not available "
+                "yet, see docs/scaling.md; use sqlite:///PATH"
+            )
+        return url
 
     @field_validator("metrics_listen")
     @classmethod

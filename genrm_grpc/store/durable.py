@@ -1,12 +1,11 @@
 """The durable-store interface, and the ``store`` URL that picks a backend.
 
-Work in progress towards state that survives a restart: the server does not write
-through this interface yet (its cohort state is in memory only, see the README); the
-backends are complete and tested on their own. ``memory://`` keeps nothing across a
-restart; ``sqlite:///PATH`` is a file (``sqlite:///genrm-state.sqlite3`` in the working
+The runtime writes every decision's records through this interface and reads them
+back at start-up (docs/durability.md). ``memory://`` keeps nothing across a restart; ``sqlite:///PATH`` is a file (``sqlite:///genrm-state.sqlite3`` in the working
 directory, ``sqlite:////var/lib/genrm/state.sqlite3`` for an absolute path, four slashes
-as in SQLAlchemy's URLs). A shared ``redis://`` backend is to plug in behind the same
-interface.
+as in SQLAlchemy's URLs); ``redis://HOST:PORT/DB`` is a shared Redis
+(``genrm_grpc.store.redis``), which the server's settings do not accept yet: several
+replicas on one Redis need the replica protocol first (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from genrm_grpc.store.records import (
     TombstoneRecord,
     VerdictRecord,
 )
+from genrm_grpc.store.redis import RedisStore
 from genrm_grpc.store.sqlite import SqliteStore
 
 
@@ -110,7 +110,19 @@ def validate_store_url(url: str) -> str:
         if parts.path in ("", "/"):
             raise ValueError(f"store {url!r}: the sqlite URL names no file")
         return url
-    raise ValueError(f"store {url!r}: the scheme must be memory:// or sqlite:///PATH")
+    if parts.scheme == "redis":
+        try:
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            raise ValueError(f"store {url!r}: the port is not a number") from None
+        if not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"store {url!r}: a redis URL is redis://HOST:PORT/DB")
+        if not parts.path.lstrip("/").isdigit() and parts.path not in ("", "/"):
+            raise ValueError(f"store {url!r}: the database must be a number (redis://HOST/0)")
+        return url
+    raise ValueError(
+        f"store {url!r}: the scheme must be memory://, sqlite:///PATH or redis://HOST:PORT/DB"
+    )
 
 
 def store_from_url(url: str, *, synchronous: str = "FULL") -> DurableStore:
@@ -118,5 +130,7 @@ def store_from_url(url: str, *, synchronous: str = "FULL") -> DurableStore:
     parts = urlsplit(url)
     if parts.scheme == "memory":
         return MemoryDurable()
+    if parts.scheme == "redis":
+        return RedisStore(url)
     # sqlite:///rel → "/rel" → "rel"; sqlite:////abs → "//abs" → "/abs".
     return SqliteStore(parts.path[1:], synchronous=synchronous)

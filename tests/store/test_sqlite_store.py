@@ -1,4 +1,7 @@
-"""The SQLite store against a real file: round trips, group commit, failures, SIGKILL."""
+"""The SQLite store's own behaviour: group commit, disk failures, schema, SIGKILL.
+
+What every backend must do is in test_store_contract.py.
+"""
 
 from __future__ import annotations
 
@@ -14,76 +17,19 @@ from pathlib import Path
 import pytest
 
 from genrm_grpc.cohort.model import (
-    CohortKey,
-    Completed,
-    Failed,
-    Masked,
     MemberCoords,
-    MemberReward,
-    PromptSpec,
-    Tombstone,
 )
-from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
+from genrm_grpc.scoring.types import AnswerTexts
 from genrm_grpc.store.durable import MemoryDurable, store_from_url, validate_store_url
 from genrm_grpc.store.records import (
-    CohortRecord,
-    DropCohort,
     DropTombstone,
-    DropWatermark,
     MemberRecord,
     StoreError,
     StoreSchemaError,
-    TombstoneRecord,
-    VerdictRecord,
     WatermarkRecord,
 )
 from genrm_grpc.store.sqlite import SCHEMA_VERSION, SqliteStore
-
-NOW = 1_800_000_000.0
-PROMPT = PromptSpec((("user", "What is 2+2?"), ("assistant", "hm")), "be right", None)
-KEY = CohortKey("group-a", None, 1)
-LEGACY = CohortKey(None, "t7:abc", 0)
-CTX = "c7" * 32
-
-
-def digest(n: int) -> str:
-    return f"{n:064x}"
-
-
-def verdict_record(cohort: CohortKey, i: int, j: int, k: int = 0) -> VerdictRecord:
-    return VerdictRecord(
-        cohort=cohort,
-        scope=cohort.group_id,
-        context=CTX,
-        first=digest(i),
-        second=digest(j),
-        judge_index=k,
-        swap=k % 2 == 1,
-        response_i=i,
-        response_j=j,
-        verdict=Verdict(4.0, 2.5, 2.0, parse_failed=False),
-        usage=(100, 2000, 1500),
-        finished_at=NOW,
-    )
-
-
-def completed() -> Completed:
-    judged = (
-        JudgedPair(0, 1, 0, Verdict(4.0, 3.0, 2.0)),
-        JudgedPair(1, 0, 0, Verdict(3.0, 3.0, 3.5, parse_failed=True)),
-    )
-    return Completed(
-        rewards=(
-            MemberReward(3.75, 3.5, 3.5, 0.25, (judged[0], judged[1])),
-            MemberReward(3.0, 3.0, 3.0, 0.0, (judged[0], judged[1])),
-        ),
-        metrics={"mean_individual_score": 3.25, "tiebreak_usage_rate": 0.5},
-        judged=judged,
-    )
-
-
-def tombstone(key: CohortKey, outcome: Completed | Masked | Failed) -> Tombstone:
-    return Tombstone(key, 2, "pd", {0: digest(1), 1: digest(2)}, outcome, finished_at=NOW)
+from tests.store.samples import CTX, KEY, NOW, digest, scope_of, verdict_record
 
 
 async def open_store(path: Path) -> tuple[SqliteStore, object]:
@@ -92,155 +38,13 @@ async def open_store(path: Path) -> tuple[SqliteStore, object]:
     return store, recovered
 
 
-async def test_every_record_kind_survives_closing_and_reopening(tmp_path: Path) -> None:
-    path = tmp_path / "state.sqlite3"
-    store = SqliteStore(path)
-    assert (await store.open(NOW)).cohorts == ()
-    header = CohortRecord(KEY, 3, 2, PROMPT, "pd", "collecting", NOW, NOW + 1800)
-    member = MemberRecord(
-        KEY, MemberCoords(1, "group-a", 1, None, None, 2), digest(2), AnswerTexts("why", "4")
-    )
-    done_key = CohortKey("group-b", None, 0)
-    await store.persist(
-        [
-            header,
-            member,
-            TombstoneRecord(tombstone(done_key, completed()), NOW + 3600),
-            TombstoneRecord(tombstone(LEGACY, Masked("judge down", {"x": 1.0})), NOW + 3600),
-            TombstoneRecord(tombstone(CohortKey("c", None, 0), Failed("late", True)), NOW + 60),
-            WatermarkRecord("group-a", 1, NOW + 3600),
-            verdict_record(KEY, 0, 1),
-        ]
-    )
-    await store.close()
-
-    again = SqliteStore(path)
-    recovered = await again.open(NOW)
-    try:
-        assert [c.header for c in recovered.cohorts] == [header]
-        assert recovered.cohorts[0].members == (member,)
-        outcomes = {t.tombstone.key: t.tombstone.outcome for t in recovered.tombstones}
-        assert outcomes == {
-            CohortKey("c", None, 0): Failed("late", True),
-            done_key: completed(),
-            LEGACY: Masked("judge down", {"x": 1.0}),
-        }
-        kept = recovered.tombstones[1].tombstone
-        assert kept.digests == {0: digest(1), 1: digest(2)}
-        assert kept.prompt_digest == "pd" and kept.finished_at == NOW
-        assert recovered.watermarks == (WatermarkRecord("group-a", 1, NOW + 3600),)
-        assert recovered.verdicts == (verdict_record(KEY, 0, 1),)
-    finally:
-        await again.close()
-
-
-async def test_a_hand_built_outcome_keeps_its_own_comparison_lists(tmp_path: Path) -> None:
-    base = completed()
-    odd = Completed(
-        rewards=(
-            MemberReward(1.0, 1.0, 1.0, 0.0, (base.judged[1],)),
-            MemberReward(2.0, 2.0, 2.0, 0.0, ()),
-        ),
-        metrics={},
-        judged=base.judged,
-    )
-    store, _ = await open_store(tmp_path / "s.sqlite3")
-    await store.persist([TombstoneRecord(tombstone(KEY, odd), NOW + 10)])
-    await store.close()
-    again = SqliteStore(tmp_path / "s.sqlite3")
-    recovered = await again.open(NOW)
-    await again.close()
-    assert recovered.tombstones[0].tombstone.outcome == odd
-
-
-async def test_expired_tombstones_are_not_read_back(tmp_path: Path) -> None:
-    store, _ = await open_store(tmp_path / "s.sqlite3")
-    await store.persist(
-        [
-            TombstoneRecord(tombstone(CohortKey("old", None, 0), Failed("x")), NOW - 1),
-            TombstoneRecord(tombstone(CohortKey("new", None, 0), Failed("x")), NOW + 1),
-        ]
-    )
-    await store.close()
-    again = SqliteStore(tmp_path / "s.sqlite3")
-    recovered = await again.open(NOW)
-    await again.close()
-    assert [t.tombstone.key.group_id for t in recovered.tombstones] == ["new"]
-
-
-async def test_watermarks_only_rise(tmp_path: Path) -> None:
-    store, _ = await open_store(tmp_path / "s.sqlite3")
-    await store.persist([WatermarkRecord("g", 5, NOW + 10)])
-    await store.persist([WatermarkRecord("g", 3, NOW + 20)])
-    await store.close()
-    again = SqliteStore(tmp_path / "s.sqlite3")
-    recovered = await again.open(NOW)
-    await again.close()
-    assert recovered.watermarks == (WatermarkRecord("g", 5, NOW + 20),)
-
-
-async def test_drops_remove_records_and_the_verdicts_that_belong_to_them(tmp_path: Path) -> None:
-    store, _ = await open_store(tmp_path / "s.sqlite3")
-    other = CohortKey("group-b", None, 0)
-    header = CohortRecord(KEY, 1, 2, PROMPT, "pd", "evaluating", NOW, NOW + 5, NOW + 60)
-    await store.persist(
-        [
-            header,
-            MemberRecord(KEY, MemberCoords(0), digest(1), AnswerTexts("", "a")),
-            verdict_record(KEY, 0, 1),
-            verdict_record(LEGACY, 0, 1),
-            verdict_record(other, 0, 1),
-            TombstoneRecord(tombstone(other, completed()), NOW + 100),
-            WatermarkRecord("group-b", 0, NOW + 100),
-        ]
-    )
-    await store.persist(
-        [
-            DropCohort(KEY),  # keeps its verdicts: a later attempt may reuse them
-            DropCohort(LEGACY, keep_verdicts=False),
-            DropTombstone(other),
-            DropWatermark("group-b"),
-        ]
-    )
-    kept = await store.find_verdict("group-a", CTX, digest(0), digest(1), 0, False)
-    assert kept == verdict_record(KEY, 0, 1)
-    assert await store.find_verdict("group-b", CTX, digest(0), digest(1), 0, False) is None
-    await store.close()
-    again = SqliteStore(tmp_path / "s.sqlite3")
-    recovered = await again.open(NOW)
-    try:
-        assert recovered.cohorts == () and recovered.tombstones == ()
-        assert recovered.watermarks == ()
-        # Only active cohorts' verdicts are read at start-up; the rest stay findable.
-        assert recovered.verdicts == ()
-        found = await again.find_verdict("group-a", CTX, digest(0), digest(1), 0, False)
-        assert found == verdict_record(KEY, 0, 1)
-    finally:
-        await again.close()
-
-
-async def test_reuse_lookups_need_the_same_question(tmp_path: Path) -> None:
-    store, _ = await open_store(tmp_path / "s.sqlite3")
-    await store.persist([verdict_record(KEY, 0, 1), verdict_record(LEGACY, 0, 1)])
-    try:
-        assert await store.find_verdict("group-a", CTX, digest(1), digest(0), 0, False) is None
-        assert await store.find_verdict("group-a", CTX, digest(0), digest(1), 0, True) is None
-        assert (
-            await store.find_verdict("group-a", "d8" * 32, digest(0), digest(1), 0, False) is None
-        )
-        # The legacy verdict (no scope) is never found by a reuse lookup.
-        assert await store.find_verdict("t7:abc", CTX, digest(0), digest(1), 0, False) is None
-    finally:
-        await store.close()
-
-
 async def test_memory_store_reuses_verdicts_until_their_tombstone_goes() -> None:
     store = MemoryDurable()
     await store.open(NOW)
     await store.persist([verdict_record(KEY, 0, 1)])
-    assert await store.find_verdict("group-a", CTX, digest(0), digest(1), 0, False) is not None
+    assert await store.find_verdict(scope_of(KEY), CTX, digest(0), digest(1), 0, False) is not None
     await store.persist([DropTombstone(KEY)])
-    assert await store.find_verdict("group-a", CTX, digest(0), digest(1), 0, False) is None
+    assert await store.find_verdict(scope_of(KEY), CTX, digest(0), digest(1), 0, False) is None
 
 
 async def test_batches_queued_during_a_commit_share_the_next_one(tmp_path: Path) -> None:
@@ -313,13 +117,6 @@ async def test_a_file_that_is_not_a_database_refuses_to_open(tmp_path: Path) -> 
     path.write_bytes(b"this is not a database, just text " * 200)
     with pytest.raises(StoreSchemaError, match="unreadable"):
         await SqliteStore(path).open(NOW)
-
-
-async def test_persisting_to_a_closed_store_fails(tmp_path: Path) -> None:
-    store, _ = await open_store(tmp_path / "s.sqlite3")
-    await store.close()
-    with pytest.raises(StoreError, match="closed"):
-        await store.persist([WatermarkRecord("g", 1, NOW)])
 
 
 _KILLED_WRITER = textwrap.dedent(

@@ -1,0 +1,776 @@
+"""The Redis store: the durable records in a shared Redis, one transaction per commit.
+
+``store: redis://HOST:PORT/DB``. The records and their meaning are the SQLite store's
+(watermarks only rise, dropping a tombstone drops the cohort's journaled verdicts,
+``open`` returns active cohorts with their members, unexpired tombstones and watermarks
+and the verdicts of active cohorts); only the layout differs.
+
+**Key layout.** Every key of a group carries the group's hash tag ``{T}``, ``T`` being
+a short digest of the group scope (of the cohort key for a legacy cohort, which has no
+group). A digest rather than the scope itself: scopes are arbitrary text and a ``}``
+inside one would end the tag early. So all keys of one group live in one Redis Cluster
+hash slot, and a group's writes are one single-slot transaction.
+
+====================================  =====================================================
+``genrm:c:{T}:<key>``  hash           an active cohort: field ``h`` its header, ``m:<slot>``
+                                      each member (no TTL: removed by ``DropCohort``)
+``genrm:v:{T}:<key>``  hash           the verdict journal of one cohort, field ``i:j:k``
+                                      per judge pass (expires with the cohort's tombstone)
+``genrm:r:{T}``        hash           the group's reuse index: field = the question
+                                      (context, answer digests, judge index, swap) → the
+                                      cohorts' verdicts on it
+``genrm:t:{T}:<key>``  string         a tombstone: expiry + ``Tombstone.record()`` bytes,
+                                      TTL at ``expires_at``
+``genrm:w:{T}``        string         the group's watermark, TTL at ``expires_at``
+====================================  =====================================================
+
+``<key>`` is the cohort key as ASCII JSON. Times are wall-clock seconds; TTLs are set
+with absolute instants (``PXAT``/``PEXPIREAT``), so a Redis whose clock agrees with the
+replicas' expires records at the same instant the SQLite store would stop reading them.
+
+**Writing.** ``persist`` queues a batch; one writer task takes every batch queued when it
+wakes (those that arrived while the previous round trip was in flight) and sends them as
+one ``MULTI``/``EXEC`` pipeline: one round trip per commit, however many batches. The
+transaction loads the store's one Lua script (``SCRIPT LOAD``, so a Redis that forgot
+its scripts in a restart cannot fail half a commit) and runs it once per batch
+(``EVALSHA``): a batch is applied by one script, atomically. Each batch is encoded
+before anything is sent, so a batch that cannot be encoded fails on its own. Redis
+applies an ``EXEC`` whole or not at all when the connection drops (a transaction whose
+``EXEC`` never arrived is discarded) and every write is idempotent, so a commit retried
+after a lost reply writes the same state. Redis does not roll back a script that fails
+halfway (a key of the wrong type, written by something else): that batch fails,
+possibly partly applied, and the other batches of the commit are retried on their own.
+
+**Fencing.** ``persist(records, lease=...)`` fences a batch by a group lease
+(``genrm_grpc.store.lease``): the script writes it only while that lease is the group's
+current one, else nothing of it, and the future fails with :class:`LeaseLostError`. A
+replica that paused or lost Redis past its lease therefore cannot write a decision.
+
+**Failures.** A connection failure or timeout fails the commit's futures with
+:class:`RedisUnavailableError` naming the address (``redis://HOST:PORT/DB``, never a
+password); redis-py reconnects on the next command, so the store works again as soon
+as Redis does, without a restart. ``open`` against an unreachable Redis raises
+:class:`RedisStartupError` (a :class:`StoreSchemaError`: the server refuses to start
+with that one line).
+
+**Cluster.** The layout is Cluster-ready (one slot per group) but this class speaks to
+one Redis: with Cluster a commit would be split into one transaction per slot, and
+atomicity would hold per group rather than per commit. Not built yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from genrm_grpc.cohort.model import CohortKey, MemberCoords, PromptSpec, Tombstone
+from genrm_grpc.scoring.types import AnswerTexts, Verdict
+from genrm_grpc.store.records import (
+    CohortRecord,
+    DropCohort,
+    DropTombstone,
+    DropWatermark,
+    MemberRecord,
+    Record,
+    Recovered,
+    RecoveredCohort,
+    StoreError,
+    StoreSchemaError,
+    TombstoneRecord,
+    VerdictRecord,
+    WatermarkRecord,
+    decode_coords,
+    decode_prompt,
+)
+
+if TYPE_CHECKING:
+    from genrm_grpc.store.lease import GroupLeases, Lease
+
+log = logging.getLogger(__name__)
+
+PREFIX = "genrm"
+_EXPIRY = struct.Struct("<d")
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+
+# One batch, atomically: every write of the store goes through this script, one EVALSHA
+# per batch (the commit loads it first, in the same transaction, so a Redis restart
+# that emptied its script cache cannot fail half a commit).
+#
+# KEYS[1] is the lease key of a fenced batch (else the batch's first key, unused);
+# ARGV[1] the lease value the batch is fenced by, or ''. A fenced batch whose lease is
+# no longer that value writes nothing and returns 0. Then each operation takes its keys
+# from KEYS and its arguments from ARGV, in order:
+#
+#   H   1 key  field value          HSET
+#   D   1 key                       DEL
+#   W   1 key  attempt text pxat    watermark: max(stored, attempt), expiry always new
+#   V   2 keys pass json q cohort entry
+#                                   journal a pass (verdicts hash) and, when q is not
+#                                   '', file it in the group's reuse index, which keeps
+#                                   no TTL while an attempt may add verdicts
+#   T   3 keys value pxat           a tombstone; the cohort's verdicts expire with it,
+#                                   the reuse index with the group's last tombstone
+#   X   2 keys cohort               forget a cohort's verdicts, in the reuse index too
+#                                   (other attempts' verdicts on a question stay)
+#
+# The reuse index never re-encodes verdict numbers (cjson would round them): entries
+# are strings.
+_APPLY = """
+local function drop_holder(rkey, q, cohort)
+  local cur = redis.call('HGET', rkey, q)
+  if not cur then return end
+  local kept = {}
+  for _, e in ipairs(cjson.decode(cur)) do
+    if e[1] ~= cohort then kept[#kept + 1] = e end
+  end
+  if #kept == 0 then
+    redis.call('HDEL', rkey, q)
+  else
+    redis.call('HSET', rkey, q, cjson.encode(kept))
+  end
+end
+
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local k, a = 2, 2
+while a <= #ARGV do
+  local op = ARGV[a]
+  if op == 'H' then
+    redis.call('HSET', KEYS[k], ARGV[a + 1], ARGV[a + 2])
+    k, a = k + 1, a + 3
+  elseif op == 'D' then
+    redis.call('DEL', KEYS[k])
+    k, a = k + 1, a + 1
+  elseif op == 'W' then
+    local attempt = ARGV[a + 1]
+    local cur = redis.call('GET', KEYS[k])
+    if cur then
+      local c = string.match(cur, '^(%d+) ')
+      if c and tonumber(c) > tonumber(attempt) then attempt = c end
+    end
+    redis.call('SET', KEYS[k], attempt .. ' ' .. ARGV[a + 2], 'PXAT', ARGV[a + 3])
+    k, a = k + 1, a + 4
+  elseif op == 'V' then
+    local q, cohort = ARGV[a + 3], ARGV[a + 4]
+    redis.call('HSET', KEYS[k], ARGV[a + 1], ARGV[a + 2])
+    if q ~= '' then
+      local rkey = KEYS[k + 1]
+      local kept = {}
+      local cur = redis.call('HGET', rkey, q)
+      if cur then
+        for _, e in ipairs(cjson.decode(cur)) do
+          if e[1] ~= cohort then kept[#kept + 1] = e end
+        end
+      end
+      kept[#kept + 1] = {cohort, ARGV[a + 5]}
+      redis.call('HSET', rkey, q, cjson.encode(kept))
+      redis.call('HDEL', rkey, '~exp')
+      redis.call('PERSIST', rkey)
+    end
+    k, a = k + 2, a + 6
+  elseif op == 'T' then
+    local pxat = ARGV[a + 2]
+    redis.call('SET', KEYS[k], ARGV[a + 1], 'PXAT', pxat)
+    if redis.call('EXISTS', KEYS[k + 1]) == 1 then redis.call('PEXPIREAT', KEYS[k + 1], pxat) end
+    if redis.call('EXISTS', KEYS[k + 2]) == 1 then
+      local cur = tonumber(redis.call('HGET', KEYS[k + 2], '~exp') or '0')
+      if tonumber(pxat) > cur then
+        redis.call('HSET', KEYS[k + 2], '~exp', pxat)
+        redis.call('PEXPIREAT', KEYS[k + 2], pxat)
+      end
+    end
+    k, a = k + 3, a + 3
+  elseif op == 'X' then
+    local cohort = ARGV[a + 1]
+    for _, raw in ipairs(redis.call('HVALS', KEYS[k])) do
+      local d = cjson.decode(raw)
+      if type(d['s']) == 'string' then
+        drop_holder(KEYS[k + 1], d['x'] .. ':' .. d['f'] .. ':' .. d['n'] .. ':'
+          .. string.format('%d', d['k']) .. ':' .. (d['w'] and '1' or '0'), cohort)
+      end
+    end
+    redis.call('DEL', KEYS[k])
+    k, a = k + 2, a + 2
+  else
+    return redis.error_reply('unknown store operation ' .. tostring(op))
+  end
+end
+return 1
+"""
+_APPLY_SHA = hashlib.sha1(_APPLY.encode()).hexdigest()
+
+
+class RedisUnavailableError(StoreError):
+    """Redis did not answer (connection refused or lost, timeout): retry later."""
+
+
+class LeaseLostError(StoreError):
+    """A fenced batch's lease is no longer the group's current one: nothing was written."""
+
+
+class RedisStartupError(StoreSchemaError):
+    """``open`` could not reach Redis or read it: the server refuses to start."""
+
+
+@dataclass
+class RedisStats:
+    """Counters for tests, benchmarks and metrics."""
+
+    round_trips: int = 0
+    commits: int = 0
+    batches: int = 0
+    records: int = 0
+    failures: int = 0
+    in_flight: int = 0
+    last_error: str | None = None
+    commit_seconds: list[float] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Batch:
+    records: Sequence[Record]
+    future: asyncio.Future[None]
+    lease: Lease | None = None
+
+
+_Command = tuple[str | bytes | int, ...]
+_STOP = object()
+
+
+def redacted_address(url: str) -> str:
+    """``redis://HOST:PORT/DB`` without user-info: safe for logs and error messages."""
+    parts = urlsplit(url)
+    db = parts.path.lstrip("/") or "0"
+    return f"redis://{parts.hostname}:{parts.port or 6379}/{db}"
+
+
+def group_tag(scope: str) -> str:
+    """The hash tag of a group scope (20 hex digits: no braces, bounded length)."""
+    raw = ("s" + scope).encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(raw, digest_size=10).hexdigest()
+
+
+def _ascii_json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _key_text(key: CohortKey) -> str:
+    """The key as ASCII JSON of its fields (a field added to CohortKey needs no change)."""
+    return _ascii_json(list(dataclasses.astuple(key)))
+
+
+def _cohort_tag(key: CohortKey) -> str:
+    scope = key.group_scope
+    if scope is not None:
+        return group_tag(scope)
+    raw = ("l" + _key_text(key)).encode("ascii")
+    return hashlib.blake2b(raw, digest_size=10).hexdigest()
+
+
+def _pxat(instant: float) -> int:
+    return max(1, int(instant * 1000))
+
+
+class _Keys:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def cohort(self, key: CohortKey) -> str:
+        return f"{self.prefix}:c:{{{_cohort_tag(key)}}}:{_key_text(key)}"
+
+    def verdicts(self, key: CohortKey) -> str:
+        return f"{self.prefix}:v:{{{_cohort_tag(key)}}}:{_key_text(key)}"
+
+    def tombstone(self, key: CohortKey) -> str:
+        return f"{self.prefix}:t:{{{_cohort_tag(key)}}}:{_key_text(key)}"
+
+    def reuse(self, key: CohortKey) -> str:
+        return f"{self.prefix}:r:{{{_cohort_tag(key)}}}"
+
+    def reuse_of_scope(self, scope: str) -> str:
+        return f"{self.prefix}:r:{{{group_tag(scope)}}}"
+
+    def watermark(self, scope: str) -> str:
+        return f"{self.prefix}:w:{{{group_tag(scope)}}}"
+
+
+def _question(context: str, first: str, second: str, judge_index: int, swap: bool) -> str:
+    return f"{context}:{first}:{second}:{judge_index}:{int(swap)}"
+
+
+def _verdict_question(record: VerdictRecord) -> str | None:
+    if record.scope is None:
+        return None
+    return _question(record.context, record.first, record.second, record.judge_index, record.swap)
+
+
+def _verdict_json(record: VerdictRecord) -> str:
+    v = record.verdict
+    return _ascii_json(
+        {
+            "c": json.loads(_key_text(record.cohort)),
+            "s": record.scope,
+            "x": record.context,
+            "f": record.first,
+            "n": record.second,
+            "k": record.judge_index,
+            "w": record.swap,
+            "i": record.response_i,
+            "j": record.response_j,
+            "v": [v.score_1, v.score_2, v.ranking, v.parse_failed],
+            "u": None if record.usage is None else list(record.usage),
+            "t": record.finished_at,
+        }
+    )
+
+
+def _reuse_entry(record: VerdictRecord) -> str:
+    """What the reuse index keeps of a verdict: the rest is the question it is filed under."""
+    v = record.verdict
+    usage = None if record.usage is None else list(record.usage)
+    return _ascii_json(
+        [
+            record.response_i,
+            record.response_j,
+            [v.score_1, v.score_2, v.ranking, v.parse_failed],
+            usage,
+            record.finished_at,
+        ]
+    )
+
+
+def _verdict_from(raw: str | bytes) -> VerdictRecord:
+    d = json.loads(raw)
+    s1, s2, rank, failed = d["v"]
+    usage = d["u"]
+    return VerdictRecord(
+        cohort=CohortKey(*d["c"]),
+        scope=d["s"],
+        context=d["x"],
+        first=d["f"],
+        second=d["n"],
+        judge_index=d["k"],
+        swap=bool(d["w"]),
+        response_i=d["i"],
+        response_j=d["j"],
+        verdict=Verdict(s1, s2, rank, bool(failed)),
+        usage=None if usage is None else (usage[0], usage[1], usage[2]),
+        finished_at=d["t"],
+    )
+
+
+def _prompt_json(prompt: PromptSpec) -> list[object]:
+    return [[list(m) for m in prompt.messages], prompt.principle, prompt.baseline_response]
+
+
+def _coords_json(coords: MemberCoords) -> list[object]:
+    return list(dataclasses.astuple(coords))
+
+
+class RedisStore:
+    """Durable records in one Redis database, written by one task, group commit."""
+
+    survives_restart = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = PREFIX,
+        socket_timeout_s: float = 5.0,
+        connect_timeout_s: float = 2.0,
+        retries: int = 2,
+    ) -> None:
+        self.url = url
+        self.address = redacted_address(url)
+        self.stats = RedisStats()
+        self._keys = _Keys(prefix)
+        self._prefix = prefix
+        self._client: aioredis.Redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=connect_timeout_s,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        )
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def open(self, now_wall: float) -> Recovered:
+        """Reach Redis and read back what has not expired; RedisStartupError if unreachable."""
+        try:
+            raw = await self._load_raw()
+        except _UNAVAILABLE as exc:
+            raise RedisStartupError(f"cannot reach the store {self.address}: {exc}") from exc
+        except RedisError as exc:
+            raise RedisStartupError(f"the store {self.address} could not be read: {exc}") from exc
+        try:
+            recovered = await asyncio.to_thread(_decode_all, raw, now_wall)
+        except (ValueError, TypeError, KeyError, IndexError, EOFError, struct.error) as exc:
+            raise RedisStartupError(f"the store {self.address} is unreadable: {exc}") from exc
+        self._writer = asyncio.get_running_loop().create_task(
+            self._run(), name="genrm-redis-writer"
+        )
+        return recovered
+
+    async def close(self) -> None:
+        """Commit what is queued, then close the connections."""
+        writer, self._writer = self._writer, None
+        self._closed = True
+        if writer is not None:
+            self._queue.put_nowait(_STOP)
+            await writer
+        await self._client.aclose()
+
+    def leases(self, *, replica: str) -> GroupLeases:
+        """Group leases on this store's Redis connection (``genrm_grpc.store.lease``)."""
+        from genrm_grpc.store.lease import GroupLeases
+
+        return GroupLeases(self._client, replica=replica, address=self.address, prefix=self._prefix)
+
+    # ------------------------------------------------------------------ reading
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        """A journaled verdict on the same question within the group ``scope``, if any."""
+        if self._closed:
+            raise StoreError(f"the store {self.address} is closed")
+        question = _question(context, first, second, judge_index, swap)
+        self.stats.round_trips += 1
+        try:
+            raw = await self._client.hget(self._keys.reuse_of_scope(scope), question)
+        except _UNAVAILABLE as exc:
+            raise RedisUnavailableError(f"the store {self.address} is unreachable: {exc}") from exc
+        except RedisError as exc:
+            raise StoreError(f"the store {self.address} could not be read: {exc}") from exc
+        if raw is None:
+            return None
+        holders = json.loads(raw)
+        if not holders:
+            return None
+        cohort, entry = holders[0]
+        i, j, (s1, s2, rank, failed), usage, finished = json.loads(entry)
+        return VerdictRecord(
+            cohort=CohortKey(*json.loads(cohort)),
+            scope=scope,
+            context=context,
+            first=first,
+            second=second,
+            judge_index=judge_index,
+            swap=swap,
+            response_i=i,
+            response_j=j,
+            verdict=Verdict(s1, s2, rank, bool(failed)),
+            usage=None if usage is None else (usage[0], usage[1], usage[2]),
+            finished_at=finished,
+        )
+
+    # ------------------------------------------------------------------ writing
+    def persist(
+        self, records: Sequence[Record], *, lease: Lease | None = None
+    ) -> asyncio.Future[None]:
+        """Queue ``records`` for the next commit; the future resolves once Redis has them.
+
+        It fails with :class:`RedisUnavailableError` when Redis cannot be reached and
+        with :class:`StoreError` when the batch cannot be written; a failed batch
+        writes nothing. With ``lease`` (a group lease of :meth:`leases`) the batch is
+        *fenced*: every record must belong to the lease's group, and the batch is
+        written only if the lease is still the group's current one when Redis applies
+        it — else the future fails with :class:`LeaseLostError` and nothing is written.
+        """
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not records:
+            future.set_result(None)
+        elif self._writer is None:
+            future.set_exception(StoreError(f"the store {self.address} is closed"))
+        else:
+            self._queue.put_nowait(_Batch(records, future, lease))
+        return future
+
+    async def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            items = [await self._queue.get()]
+            while not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            batches = [item for item in items if isinstance(item, _Batch)]
+            stopping = any(item is _STOP for item in items)
+            if not batches:
+                continue
+            try:
+                await self._commit(batches)
+            except Exception as exc:  # the writer must outlive any one commit
+                log.exception("store commit crashed")
+                self._fail(batches, StoreError(f"the store {self.address} failed: {exc}"))
+
+    async def _commit(self, batches: list[_Batch]) -> None:
+        started = time.perf_counter()
+        encoded: list[tuple[_Batch, _Command]] = []
+        for batch in batches:
+            try:
+                encoded.append((batch, self._encode(batch.records, batch.lease)))
+            except Exception as exc:  # one bad batch must not fail its neighbours
+                self._fail([batch], StoreError(f"the store {self.address} cannot write: {exc}"))
+        if not encoded:
+            return
+        outcome = await self._transaction([command for _, command in encoded])
+        failed_inside = isinstance(outcome, StoreError) and not isinstance(
+            outcome, RedisUnavailableError
+        )
+        if failed_inside and len(encoded) > 1:
+            # A batch failed inside EXEC; every write is idempotent, so each batch is
+            # retried on its own and only the bad one fails.
+            for batch, command in encoded:
+                self._finish([batch], await self._transaction([command]), started)
+            return
+        self._finish([batch for batch, _ in encoded], outcome, started)
+
+    async def _transaction(self, commands: list[_Command]) -> StoreError | list[object]:
+        """One MULTI/EXEC: load the script, then one EVALSHA per batch; their results."""
+        self.stats.round_trips += 1
+        self.stats.in_flight += 1
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.execute_command("SCRIPT", "LOAD", _APPLY)
+                for command in commands:
+                    pipe.execute_command(*command)
+                results: list[object] = await pipe.execute()
+        except _UNAVAILABLE as exc:
+            return RedisUnavailableError(f"the store {self.address} is unreachable: {exc}")
+        except RedisError as exc:
+            return StoreError(f"the store {self.address} could not commit: {exc}")
+        finally:
+            self.stats.in_flight -= 1
+        return results[1:]
+
+    def _finish(
+        self, batches: list[_Batch], outcome: StoreError | list[object], started: float
+    ) -> None:
+        if isinstance(outcome, StoreError):
+            log.error("store commit failed: %s", outcome)
+            self._fail(batches, outcome)
+            return
+        self.stats.commits += 1
+        samples = self.stats.commit_seconds
+        if len(samples) >= 4096:
+            del samples[:2048]
+        samples.append(time.perf_counter() - started)
+        for batch, applied in zip(batches, outcome, strict=True):
+            if applied != 1:
+                assert batch.lease is not None  # only a fenced batch is refused
+                self._fail(
+                    [batch],
+                    LeaseLostError(
+                        f"the lease {batch.lease.token} of a group is no longer current in "
+                        f"the store {self.address}: nothing written"
+                    ),
+                )
+                continue
+            self.stats.batches += 1
+            self.stats.records += len(batch.records)
+            if not batch.future.done():
+                batch.future.set_result(None)
+
+    def _fail(self, batches: list[_Batch], error: StoreError) -> None:
+        self.stats.failures += 1
+        self.stats.last_error = str(error)
+        for batch in batches:
+            if not batch.future.done():
+                batch.future.set_exception(error)
+
+    def _encode(self, records: Sequence[Record], lease: Lease | None) -> _Command:
+        """The batch as one EVALSHA of the apply script (see _APPLY for the operations)."""
+        keys = self._keys
+        names: list[str] = []
+        args: list[str | bytes | int] = []
+        for record in records:
+            if isinstance(record, MemberRecord):
+                member = [
+                    _coords_json(record.coords),
+                    record.digest,
+                    record.texts.reasoning,
+                    record.texts.answer,
+                ]
+                names.append(keys.cohort(record.key))
+                args += ["H", f"m:{record.coords.rollout_index}", _ascii_json(member)]
+            elif isinstance(record, VerdictRecord):
+                cohort = record.cohort
+                if record.scope is not None and record.scope != cohort.group_scope:
+                    raise ValueError(
+                        f"a verdict's scope {record.scope!r} is not its cohort's group scope"
+                    )
+                names += [keys.verdicts(cohort), keys.reuse(cohort)]
+                args += [
+                    "V",
+                    f"{record.response_i}:{record.response_j}:{record.judge_index}",
+                    _verdict_json(record),
+                    _verdict_question(record) or "",
+                    _key_text(cohort),
+                    _reuse_entry(record),
+                ]
+            elif isinstance(record, CohortRecord):
+                header = [
+                    record.seq,
+                    record.group_size,
+                    _prompt_json(record.prompt),
+                    record.prompt_digest,
+                    record.phase,
+                    record.created_at,
+                    record.collection_deadline,
+                    record.evaluation_deadline,
+                    record.follows_attempt,
+                ]
+                names.append(keys.cohort(record.key))
+                args += ["H", "h", _ascii_json(header)]
+            elif isinstance(record, DropCohort):
+                names.append(keys.cohort(record.key))
+                args.append("D")
+                if not record.keep_verdicts:
+                    names += [keys.verdicts(record.key), keys.reuse(record.key)]
+                    args += ["X", _key_text(record.key)]
+            elif isinstance(record, TombstoneRecord):
+                tomb = record.tombstone
+                names += [keys.tombstone(tomb.key), keys.verdicts(tomb.key), keys.reuse(tomb.key)]
+                value = _EXPIRY.pack(record.expires_at) + tomb.record()
+                args += ["T", value, _pxat(record.expires_at)]
+            elif isinstance(record, DropTombstone):
+                names += [
+                    keys.tombstone(record.key),
+                    keys.verdicts(record.key),
+                    keys.reuse(record.key),
+                ]
+                args += ["D", "X", _key_text(record.key)]
+            elif isinstance(record, WatermarkRecord):
+                text = f"{record.expires_at!r} {record.scope}".encode("utf-8", "surrogatepass")
+                names.append(keys.watermark(record.scope))
+                args += ["W", record.attempt, text, _pxat(record.expires_at)]
+            elif isinstance(record, DropWatermark):
+                names.append(keys.watermark(record.scope))
+                args.append("D")
+            else:
+                raise TypeError(f"not a store record: {record!r}")
+        if lease is None:
+            return ("EVALSHA", _APPLY_SHA, len(names) + 1, names[0], *names, "", *args)
+        tag = "{" + group_tag(lease.scope) + "}"
+        foreign = next((name for name in names if tag not in name), None)
+        if foreign is not None:
+            raise ValueError(f"a batch fenced by the lease of one group writes {foreign}")
+        lease_key = f"{self._prefix}:l:{tag}"
+        return ("EVALSHA", _APPLY_SHA, len(names) + 1, lease_key, *names, lease.value, *args)
+
+    # ------------------------------------------------------------------ start-up read
+    async def _load_raw(self) -> dict[str, list[tuple[bytes, Any]]]:
+        """Every key of the store with its value, by kind: c, t, w and v (active only)."""
+        names: dict[str, list[bytes]] = {"c": [], "t": [], "w": []}
+        cursor: int = 0
+        pattern = f"{self._prefix}:*"
+        start = len(self._prefix) + 1
+        while True:
+            self.stats.round_trips += 1
+            cursor, found = await self._client.scan(cursor, match=pattern, count=1000)
+            for name in found:
+                raw_name = name if isinstance(name, bytes) else name.encode()
+                kind = raw_name[start : start + 1].decode()
+                if kind in names:
+                    names[kind].append(raw_name)
+            if cursor == 0:
+                break
+        verdict_names = [
+            name[:start] + b"v" + name[start + 1 :] for name in names["c"]
+        ]  # the journals of active cohorts
+        raw: dict[str, list[tuple[bytes, Any]]] = {}
+        for kind, keys, command in (
+            ("c", names["c"], "HGETALL"),
+            ("v", verdict_names, "HGETALL"),
+            ("t", names["t"], "GET"),
+            ("w", names["w"], "GET"),
+        ):
+            values: list[Any] = []
+            for chunk in range(0, len(keys), 1000):
+                self.stats.round_trips += 1
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for name in keys[chunk : chunk + 1000]:
+                        pipe.execute_command(command, name)
+                    values.extend(await pipe.execute())
+            raw[kind] = list(zip(keys, values, strict=True))
+        return raw
+
+
+def _decode_all(raw: dict[str, list[tuple[bytes, Any]]], now_wall: float) -> Recovered:
+    """Turn the raw values into records (in a worker thread: it is CPU work)."""
+    cohorts: list[RecoveredCohort] = []
+    for name, fields in raw["c"]:
+        if not fields or b"h" not in fields:
+            continue  # members without a header are not a cohort
+        key_text = name.split(b"}:", 1)[1].decode()
+        key = CohortKey(*json.loads(key_text))
+        seq, size, prompt, digest, phase, created, collection, evaluation, *rest = json.loads(
+            fields[b"h"]
+        )
+        header = CohortRecord(
+            key=key,
+            seq=seq,
+            group_size=size,
+            prompt=decode_prompt(json.dumps(prompt)),
+            prompt_digest=digest,
+            phase=phase,
+            created_at=created,
+            collection_deadline=collection,
+            evaluation_deadline=evaluation,
+            follows_attempt=bool(rest[0]) if rest else False,
+        )
+        members = []
+        for field_name, value in fields.items():
+            if not field_name.startswith(b"m:"):
+                continue
+            coords, member_digest, reasoning, answer = json.loads(value)
+            members.append(
+                MemberRecord(
+                    key,
+                    decode_coords(json.dumps(coords)),
+                    member_digest,
+                    AnswerTexts(reasoning, answer),
+                )
+            )
+        members.sort(key=lambda m: m.coords.rollout_index)
+        cohorts.append(RecoveredCohort(header, tuple(members)))
+    cohorts.sort(key=lambda c: c.header.seq)
+    tombstones: list[TombstoneRecord] = []
+    for _name, value in raw["t"]:
+        if value is None:
+            continue  # expired between SCAN and GET
+        (expires,) = _EXPIRY.unpack_from(value)
+        if expires > now_wall:
+            tombstones.append(
+                TombstoneRecord(Tombstone.from_record(value[_EXPIRY.size :]), expires)
+            )
+    tombstones.sort(key=lambda t: t.expires_at)
+    watermarks: list[WatermarkRecord] = []
+    for _name, value in raw["w"]:
+        if value is None:
+            continue
+        attempt, expires, scope = value.decode("utf-8", "surrogatepass").split(" ", 2)
+        if float(expires) > now_wall:
+            watermarks.append(WatermarkRecord(scope, int(attempt), float(expires)))
+    watermarks.sort(key=lambda w: w.expires_at)
+    verdicts = tuple(
+        _verdict_from(value) for _name, fields in raw["v"] for value in (fields or {}).values()
+    )
+    return Recovered(tuple(cohorts), tuple(tombstones), tuple(watermarks), verdicts)
