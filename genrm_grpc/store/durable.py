@@ -1,9 +1,10 @@
 """The durable-store interface, and the ``store`` URL that picks a backend.
 
 The runtime writes every decision's records through this interface and reads them
-back at start-up (docs/durability.md). ``memory://`` keeps nothing across a restart; ``sqlite:///PATH`` is a file (``sqlite:///genrm-state.sqlite3`` in the working
-directory, ``sqlite:////var/lib/genrm/state.sqlite3`` for an absolute path, four slashes
-as in SQLAlchemy's URLs); ``redis://HOST:PORT/DB`` is a shared Redis
+back at start-up (docs/durability.md). ``memory://`` keeps nothing across a restart;
+``sqlite:///PATH`` is a file (``sqlite:///genrm-state.sqlite3`` in the working
+directory, ``sqlite:////var/lib/genrm/state.sqlite3`` for an absolute path, four
+slashes as in SQLAlchemy's URLs); ``redis://HOST:PORT/DB`` is a shared Redis
 (``genrm_grpc.store.redis``), which the server's settings do not accept yet: several
 replicas on one Redis need the replica protocol first (docs/scaling.md).
 """
