@@ -450,6 +450,7 @@ class _GroupStream:
         self._groups: dict[CohortKey, list[Any]] = {}  # key → [group ref, members held]
         self._reading = True
         self._replays_pending = 0  # replays waiting for their outcome to be written
+        self._unaccepted = 0  # held members waiting to be written before "accepted"
         self._on_progress_cb = self._on_progress
         self._on_settled_cb = self._on_settled
         self.progress_dropped = 0
@@ -563,14 +564,29 @@ class _GroupStream:
         waiter.future.add_done_callback(self._on_settled_cb)
         # "accepted" only once the member is in the store.
         if durable is not None and not durable.done():
-            durable.add_done_callback(lambda _: self._accepted(held))
+            self._unaccepted += 1
+            durable.add_done_callback(lambda _: self._accepted_when_durable(held))
         else:
             self._accepted(held)
+
+    def _accepted_when_durable(self, held: _Held) -> None:
+        self._unaccepted -= 1
+        self._accepted(held)
+        self._room_check()
+
+    def _backlog(self) -> int:
+        """Events queued or owed: members and replays waiting for the store owe one each."""
+        return len(self._out) + self._unaccepted + self._replays_pending
+
+    def _room_check(self) -> None:
+        if not self._room.is_set() and self._backlog() < self._limits.stream_max_buffered_events:
+            self._room.set()
 
     def _replay_when_durable(self, sub: Submission, ticket: Ticket, ref: pb.MemberRef) -> None:
         self._replays_pending -= 1
         self._replay(sub, ticket, ref)
         self._wake.set()
+        self._room_check()
 
     def _replay(self, sub: Submission, ticket: Ticket, ref: pb.MemberRef) -> None:
         failure = ticket.store_failure()
@@ -669,9 +685,11 @@ class _GroupStream:
         try:
             async for request in self._requests:
                 self._handle(request)
-                if len(self._out) >= limit:
-                    # Stop reading: unread requests stay in gRPC's flow-control window,
-                    # and the client's writes block once it is full.
+                # Stop reading while the client has not taken what it is owed (queued
+                # events, and the events of members still being written): unread
+                # requests stay in gRPC's flow-control window, and the client's writes
+                # block once it is full.
+                while self._backlog() >= limit:
                     self._room.clear()
                     await self._room.wait()
         finally:
