@@ -50,7 +50,13 @@ from genrm_grpc.runtime.scheduler import PrioritySemaphore
 from genrm_grpc.scoring import aggregate
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringView
 from genrm_grpc.store.durable import DurableStore, MemoryDurable
-from genrm_grpc.store.records import Record, StoreError, VerdictRecord
+from genrm_grpc.store.records import (
+    CohortRecord,
+    MemberRecord,
+    Record,
+    StoreError,
+    VerdictRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +242,8 @@ class _Live:
     context: str | None = None
     reused: int = 0
     resumed: int = 0
+    #: A write carrying its header or a member failed: a resend writes them again.
+    unwritten: bool = False
 
 
 class CohortRuntime:
@@ -378,6 +386,7 @@ class CohortRuntime:
             stored.set_exception(StoreError(str(exc)))
         stored.add_done_callback(lambda done: _copy_result(done, write))
         write.add_done_callback(self._count_failure)
+        write.add_done_callback(functools.partial(self._mark_unwritten, records))
 
     def _count_failure(self, write: asyncio.Future[None]) -> None:
         if write.cancelled() or write.exception() is not None:
@@ -385,6 +394,16 @@ class CohortRuntime:
             log.error(
                 "store write failed: %s", "cancelled" if write.cancelled() else write.exception()
             )
+
+    def _mark_unwritten(self, records: list[Record], write: asyncio.Future[None]) -> None:
+        """After a failed write: the active cohorts whose header or members were in it."""
+        if not write.cancelled() and write.exception() is None:
+            return
+        for record in records:
+            if isinstance(record, MemberRecord | CohortRecord):
+                live = self._live.get(record.key)
+                if live is not None:
+                    live.unwritten = True
 
     async def flush(self) -> None:
         """Wait until every record queued so far is written (or failed)."""
@@ -553,6 +572,12 @@ class CohortRuntime:
                 cohort.collection_deadline, lambda: self._on_collection_deadline(live)
             )
             self._observer.cohort_started(cohort.key)
+        elif live.unwritten:
+            # A member (or the cohort's header) may be missing from the store after a
+            # failed write: write the cohort's records again, in this member's batch; a
+            # resend, or the next member, waits for that write.
+            live.unwritten = False
+            ticket.durable = self._persist(self.registry.active_records(cohort))
         elif ticket.durable is None and decision.disposition is Disposition.ATTACHED:
             ticket.durable = self._last_write  # the member's own write may still be running
         waiter = Waiter(live, sub.rollout_index, on_progress)
@@ -921,7 +946,8 @@ class CohortRuntime:
                 self._rewrite(cohort, key)
 
         retry.add_done_callback(settled)
-        loop.call_later(REWRITE_DELAY_S, again)
+        # The runtime's clock, so that tests drive the retries by hand.
+        self._clock.call_at(self._clock.now() + REWRITE_DELAY_S, again)
 
     def _suspend(self, cohort: Cohort) -> None:
         """The server stops; the cohort stays in the store for the next process."""
