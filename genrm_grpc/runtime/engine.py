@@ -1015,25 +1015,46 @@ def _retrieve_exception(task: asyncio.Task[Any]) -> None:
 
 
 async def _all_or_first_error(tasks: list[asyncio.Task[_PairResult]]) -> list[_PairResult]:
-    """Results in order; on the first failure cancel and await the rest, then raise it."""
-    pending: set[asyncio.Task[_PairResult]] = set(tasks)
+    """Results in order; on the first failure cancel and await the rest, then raise it.
+
+    One done callback per task and a countdown: O(1) work per finished task (waiting
+    with ``asyncio.wait`` in a loop re-registers a callback on every pending task each
+    time one finishes). A task that is cancelled does not end the wait early; its
+    CancelledError surfaces from its result at the end, as it would from ``asyncio.wait``.
+    """
+    if not tasks:
+        return []
+    first_error: asyncio.Future[asyncio.Task[_PairResult] | None]
+    first_error = asyncio.get_running_loop().create_future()
+    remaining = len(tasks)
+
+    def finished(task: asyncio.Task[_PairResult]) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if first_error.done():
+            return
+        if not task.cancelled() and task.exception() is not None:
+            first_error.set_result(task)
+        elif remaining == 0:
+            first_error.set_result(None)
+
+    for task in tasks:
+        task.add_done_callback(finished)
     try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-            # Retrieve every exception that finished in this round (not just the first),
-            # so none is reported as "never retrieved".
-            errors = [
-                exc
-                for task in done
-                if not task.cancelled() and (exc := task.exception()) is not None
-            ]
-            if errors:
-                raise errors[0]
+        failed = await first_error
     finally:
-        if pending:
-            for task in pending:
+        pending = []
+        for task in tasks:
+            task.remove_done_callback(finished)
+            if not task.done():
                 task.cancel()
+                pending.append(task)
+        if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+    if failed is not None:
+        error = failed.exception()
+        assert error is not None
+        raise error
     return [task.result() for task in tasks]
 
 
