@@ -5,8 +5,11 @@ completions (a verdict, or a failure for a "poisoned" question), group commits o
 store, and crashes. The same script is run once without its crashes; every member must
 get the same answer in both runs (the same reward, or the same masked / failed kind).
 
-Everything is real except the judge (a ScriptedJudge) and time (a ManualClock that never
-moves): one process, one SQLite file per run, a CohortRuntime over it.
+Everything is real except the judge (a ScriptedJudge) and time (a ManualClock that moves
+only to run the store's rewrites): one process, one SQLite file per run, a CohortRuntime
+over it. The script's ``fail`` step makes every waiting batch fail as a full disk would
+(nothing written, the runtime told so); the client then resends the calls that got
+``STORE_UNAVAILABLE``, as it does for any ``UNAVAILABLE``.
 
 How a crash is modelled. The store is a real :class:`SqliteStore` whose batches wait in
 this process, as if its writer thread had not got to them yet, until the script's
@@ -42,14 +45,14 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from genrm_grpc.cohort.model import Completed, Failed, Masked, Outcome, Submission
+from genrm_grpc.cohort.model import Completed, Failed, Masked, Outcome, Reason, Submission
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput
-from genrm_grpc.runtime.engine import CallInterrupted, CohortRuntime
+from genrm_grpc.runtime.engine import REWRITE_DELAY_S, CallInterrupted, CohortRuntime
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.store.memory import MemoryStore
-from genrm_grpc.store.records import Record, decode_key
+from genrm_grpc.store.records import Record, StoreError, decode_key
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import ManualClock
 
@@ -75,6 +78,8 @@ class HeldStore(SqliteStore):
         super().__init__(path, synchronous="OFF")
         self.held: list[tuple[Sequence[Record], asyncio.Future[None]]] = []
         self.dead = False
+        #: The next commit fails (nothing is written): a full disk.
+        self.failing = False
 
     def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -86,6 +91,11 @@ class HeldStore(SqliteStore):
         """One group commit of every waiting batch; ``acknowledge``: the runtime hears it."""
         held, self.held = self.held, []
         if not held:
+            return
+        if self.failing:
+            self.failing = False
+            for _, future in held:
+                future.set_exception(StoreError("database or disk is full"))
             return
         written = [SqliteStore.persist(self, records) for records, _ in held]
         await asyncio.wait(written)
@@ -152,6 +162,7 @@ def scripts(draw: st.DrawFn) -> Script:
             st.one_of(
                 st.tuples(st.just("judge"), st.integers(0, 7)),
                 st.just(("commit",)),
+                st.just(("fail",)),
                 st.tuples(st.just("crash"), st.booleans()),
             ),
             max_size=24,
@@ -182,8 +193,9 @@ class Run:
 @functools.cache
 def _settings(schedule: str) -> Settings:
     return Settings(
-        cohort_collection_timeout_s=100.0,
-        cohort_evaluation_timeout_s=50.0,
+        # Far beyond the rewrites' clock steps: no deadline ever passes.
+        cohort_collection_timeout_s=100_000.0,
+        cohort_evaluation_timeout_s=100_000.0,
         judge_schedule=schedule,  # type: ignore[arg-type]
         judge_max_concurrency=64,
         default_principle="",
@@ -198,12 +210,15 @@ class Process:
         self.run = run
         self.store = HeldStore(path)
         self.judge = ScriptedJudge(verdict=verdict_for)
+        self.clock = ManualClock(start=1000.0)
         config = _settings(script.schedule)
         registry = CohortRegistry(config, MemoryStore(config))
         self.runtime = CohortRuntime(
-            registry, self.judge, config, clock=ManualClock(start=1000.0), store=self.store
+            registry, self.judge, config, clock=self.clock, store=self.store
         )
         self.calls: list[asyncio.Task[None]] = []
+        #: Calls that got STORE_UNAVAILABLE: the client sends them again.
+        self.unavailable: list[MemberId] = []
 
     def send(self, member: MemberId) -> None:
         gid, slot = member
@@ -224,7 +239,10 @@ class Process:
                 assert ticket.waiter is not None
                 outcome = await ticket.waiter.wait()
         except CallInterrupted as exc:
-            self.run.answers[member] = ("interrupted", exc.reason.value)
+            if exc.reason is Reason.STORE_UNAVAILABLE:
+                self.unavailable.append(member)
+            else:
+                self.run.answers[member] = ("interrupted", exc.reason.value)
             return
         self.run.answers[member] = answer_of(outcome, member[1])
 
@@ -297,6 +315,13 @@ async def execute(script: Script, path: Path) -> Run:
         await settle(100)
         return fresh
 
+    async def resend_unavailable() -> None:
+        retry, process.unavailable = process.unavailable, []
+        for member in retry:
+            process.send(member)  # the client's identical resend after UNAVAILABLE
+        if retry:
+            await settle(100)
+
     for op in script.ops:
         if op[0] == "submit":
             member = op[1]
@@ -307,19 +332,26 @@ async def execute(script: Script, path: Path) -> Run:
             process.judge_one(int(op[1]))  # type: ignore[call-overload]
         elif op[0] == "commit":
             await process.store.commit()
+        elif op[0] == "fail":
+            process.store.failing = True
+            await process.store.commit()
         else:
             process = await crash(bool(op[1]))
             continue
         await settle(100)
+        await resend_unavailable()
 
     # Let the run finish: commit and judge until every member has its answer.
     for _ in range(200):
         if len(run.answers) == len(sent):
             break
+        process.clock.advance(REWRITE_DELAY_S)  # the rewrites of failed outcome writes
+        await settle(20)
         await process.store.commit()
         while process.judge_one(0):
             await settle(20)
         await settle(100)
+        await resend_unavailable()
     assert len(run.answers) == len(sent), (run.answers, sent)
     await process.stop()
     run.calls.extend(process.record_calls())
