@@ -473,6 +473,17 @@ class CohortRegistry:
                 )
         return records
 
+    def active_records(self, cohort: Cohort) -> list[Record]:
+        """An active cohort's header and members as records (to write them again after a
+        failed write, when a member is resent)."""
+        records: list[Record] = [self._header(cohort)]
+        for member in cohort.members.values():
+            candidate = member.candidate
+            records.append(
+                MemberRecord(cohort.key, member.coords, candidate.digest, candidate.texts)
+            )
+        return records
+
     def _take(self) -> list[Record]:
         records, self._outbox = self._outbox, []
         return records

@@ -51,7 +51,13 @@ from genrm_grpc.runtime.scheduler import PrioritySemaphore
 from genrm_grpc.scoring import aggregate
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringView
 from genrm_grpc.store.durable import DurableStore, MemoryDurable
-from genrm_grpc.store.records import Record, StoreError, VerdictRecord
+from genrm_grpc.store.records import (
+    CohortRecord,
+    MemberRecord,
+    Record,
+    StoreError,
+    VerdictRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +243,8 @@ class _Live:
     context: str | None = None
     reused: int = 0
     resumed: int = 0
+    #: A write carrying its header or a member failed: a resend writes them again.
+    unwritten: bool = False
 
 
 class CohortRuntime:
@@ -379,6 +387,7 @@ class CohortRuntime:
             stored.set_exception(StoreError(str(exc)))
         stored.add_done_callback(lambda done: _copy_result(done, write))
         write.add_done_callback(self._count_failure)
+        write.add_done_callback(functools.partial(self._mark_unwritten, records))
 
     def _count_failure(self, write: asyncio.Future[None]) -> None:
         if write.cancelled() or write.exception() is not None:
@@ -386,6 +395,16 @@ class CohortRuntime:
             log.error(
                 "store write failed: %s", "cancelled" if write.cancelled() else write.exception()
             )
+
+    def _mark_unwritten(self, records: list[Record], write: asyncio.Future[None]) -> None:
+        """After a failed write: the active cohorts whose header or members were in it."""
+        if not write.cancelled() and write.exception() is None:
+            return
+        for record in records:
+            if isinstance(record, MemberRecord | CohortRecord):
+                live = self._live.get(record.key)
+                if live is not None:
+                    live.unwritten = True
 
     async def flush(self) -> None:
         """Wait until every record queued so far is written (or failed)."""
@@ -560,6 +579,12 @@ class CohortRuntime:
                 cohort.collection_deadline, lambda: self._on_collection_deadline(live)
             )
             self._observer.cohort_started(cohort.key)
+        elif live.unwritten:
+            # A member (or the cohort's header) may be missing from the store after a
+            # failed write: write the cohort's records again, in this member's batch; a
+            # resend, or the next member, waits for that write.
+            live.unwritten = False
+            ticket.durable = self._persist(self.registry.active_records(cohort))
         elif ticket.durable is None and decision.disposition is Disposition.ATTACHED:
             # The member's own write may still be queued or running.
             ticket.durable = self._pending_write or self._last_write
@@ -926,7 +951,8 @@ class CohortRuntime:
                 self._rewrite(cohort, key)
 
         retry.add_done_callback(settled)
-        loop.call_later(REWRITE_DELAY_S, again)
+        # The runtime's clock, so that tests drive the retries by hand.
+        self._clock.call_at(self._clock.now() + REWRITE_DELAY_S, again)
 
     def _suspend(self, cohort: Cohort) -> None:
         """The server stops; the cohort stays in the store for the next process."""
@@ -998,25 +1024,46 @@ def _retrieve_exception(task: asyncio.Task[Any]) -> None:
 
 
 async def _all_or_first_error(tasks: list[asyncio.Task[_PairResult]]) -> list[_PairResult]:
-    """Results in order; on the first failure cancel and await the rest, then raise it."""
-    pending: set[asyncio.Task[_PairResult]] = set(tasks)
+    """Results in order; on the first failure cancel and await the rest, then raise it.
+
+    One done callback per task and a countdown: O(1) work per finished task (waiting
+    with ``asyncio.wait`` in a loop re-registers a callback on every pending task each
+    time one finishes). A task that is cancelled does not end the wait early; its
+    CancelledError surfaces from its result at the end, as it would from ``asyncio.wait``.
+    """
+    if not tasks:
+        return []
+    first_error: asyncio.Future[asyncio.Task[_PairResult] | None]
+    first_error = asyncio.get_running_loop().create_future()
+    remaining = len(tasks)
+
+    def finished(task: asyncio.Task[_PairResult]) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if first_error.done():
+            return
+        if not task.cancelled() and task.exception() is not None:
+            first_error.set_result(task)
+        elif remaining == 0:
+            first_error.set_result(None)
+
+    for task in tasks:
+        task.add_done_callback(finished)
     try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-            # Retrieve every exception that finished in this round (not just the first),
-            # so none is reported as "never retrieved".
-            errors = [
-                exc
-                for task in done
-                if not task.cancelled() and (exc := task.exception()) is not None
-            ]
-            if errors:
-                raise errors[0]
+        failed = await first_error
     finally:
-        if pending:
-            for task in pending:
+        pending = []
+        for task in tasks:
+            task.remove_done_callback(finished)
+            if not task.done():
                 task.cancel()
+                pending.append(task)
+        if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+    if failed is not None:
+        error = failed.exception()
+        assert error is not None
+        raise error
     return [task.result() for task in tasks]
 
 

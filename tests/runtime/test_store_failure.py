@@ -1,0 +1,187 @@
+"""A store whose writes fail: the calls get STORE_UNAVAILABLE, the outcome is written again.
+
+The store is a small DurableStore whose ``persist`` fails the next N writes when the
+test says so; time is a ManualClock, so each retry of an ended cohort's final records
+(every ``REWRITE_DELAY_S``) happens exactly when the test advances it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from genrm_grpc.cohort.model import Completed, Reason
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition
+from genrm_grpc.runtime.engine import REWRITE_DELAY_S, CallInterrupted, CohortRuntime, Ticket
+from genrm_grpc.store.memory import MemoryStore
+from genrm_grpc.store.records import (
+    DropCohort,
+    MemberRecord,
+    Record,
+    Recovered,
+    StoreError,
+    TombstoneRecord,
+    VerdictRecord,
+    WatermarkRecord,
+)
+from genrm_grpc.testing import ManualClock
+
+from .support import ScriptedJudge, make_runtime, settle, sub
+
+
+class FlakyStore:
+    """Keeps what it was given; fails the next ``failures`` writes with StoreError, and
+    the next ``outcome_failures`` writes that carry a tombstone."""
+
+    survives_restart = True
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.outcome_failures = 0
+        self.attempts: list[list[Record]] = []
+        self.written: list[Record] = []
+
+    async def open(self, now_wall: float) -> Recovered:
+        return Recovered()
+
+    def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.attempts.append(list(records))
+        if self.outcome_failures and any(isinstance(r, TombstoneRecord) for r in records):
+            self.outcome_failures -= 1
+            future.set_exception(StoreError("disk I/O error"))
+        elif self.failures:
+            self.failures -= 1
+            future.set_exception(StoreError("disk I/O error"))
+        else:
+            self.written.extend(records)
+            future.set_result(None)
+        return future
+
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def runtime_over(store: FlakyStore, judge: ScriptedJudge, clock: ManualClock) -> CohortRuntime:
+    base = make_runtime(judge, clock)
+    registry = CohortRegistry(base.config, MemoryStore(base.config))  # type: ignore[arg-type]
+    return CohortRuntime(registry, judge, base.config, clock=clock, store=store)
+
+
+async def answer(ticket: Ticket) -> object:
+    """What a SubmitMember call answers: the outcome, or the CallInterrupted it raised."""
+    try:
+        await ticket.persisted()
+        if ticket.replay is not None:
+            return ticket.replay.outcome
+        assert ticket.waiter is not None
+        return await ticket.waiter.wait()
+    except CallInterrupted as exc:
+        return exc
+
+
+def interrupted_by_store(got: object) -> bool:
+    return isinstance(got, CallInterrupted) and got.reason is Reason.STORE_UNAVAILABLE
+
+
+async def test_an_outcome_whose_write_fails_is_written_again_every_delay_until_stored(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    store = FlakyStore()
+    rt = runtime_over(store, judge, clock)
+    calls = [asyncio.ensure_future(answer(rt.submit(sub(i)))) for i in range(3)]
+    await settle()
+    assert len(judge.calls) == 3  # circular: three passes
+    store.outcome_failures = 4  # the outcome's write and the next three retries fail
+    judge.release_all()
+    await settle()
+    # Nothing published: every waiting call gets STORE_UNAVAILABLE, no outcome.
+    assert all(call.done() for call in calls)
+    assert all(interrupted_by_store(call.result()) for call in calls)
+    assert not any(isinstance(r, TombstoneRecord) for r in store.written)
+    failed_writes = len(store.attempts)
+
+    # An identical resend meanwhile waits for the next retry, and shares its fate.
+    resend = asyncio.ensure_future(answer(rt.submit(sub(0))))
+    await settle()
+    assert not resend.done()
+    for retry in range(3):
+        await settle()
+        assert len(store.attempts) == failed_writes + retry  # nothing before the delay
+        clock.advance(REWRITE_DELAY_S)
+        await settle()
+        assert len(store.attempts) == failed_writes + retry + 1
+        # Each retry writes exactly the cohort's final records.
+        kinds = {type(record) for record in store.attempts[-1]}
+        assert kinds == {DropCohort, TombstoneRecord, WatermarkRecord}
+    assert resend.done() and interrupted_by_store(resend.result())
+    assert not any(isinstance(r, TombstoneRecord) for r in store.written)
+
+    clock.advance(REWRITE_DELAY_S)  # the fifth write succeeds
+    await settle()
+    assert len(store.attempts) == failed_writes + 4
+    assert any(isinstance(r, TombstoneRecord) for r in store.written)
+    clock.advance(10 * REWRITE_DELAY_S)  # and nothing is written after it
+    await settle()
+    assert len(store.attempts) == failed_writes + 4
+
+    replays = [rt.submit(sub(i)) for i in range(3)]
+    assert all(t.disposition is Disposition.REPLAYED for t in replays)
+    outcomes = [await answer(t) for t in replays]
+    assert all(isinstance(o, Completed) for o in outcomes)
+    assert len(judge.calls) == 3  # the replay cost no judge call
+    await rt.shutdown(0)
+    await rt.close()
+
+
+async def test_a_member_whose_write_fails_gets_store_unavailable_and_a_resend_is_stored(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    store = FlakyStore()
+    rt = runtime_over(store, judge, clock)
+    first = asyncio.ensure_future(answer(rt.submit(sub(0))))
+    await settle()
+    store.failures = 1
+    second = asyncio.ensure_future(answer(rt.submit(sub(1))))
+    await settle()
+    assert second.done() and interrupted_by_store(second.result())
+    assert not first.done()  # the other member's call goes on
+    # The identical resend reattaches; it waits for a write after the failed one.
+    again = asyncio.ensure_future(answer(rt.submit(sub(1))))
+    last = asyncio.ensure_future(answer(rt.submit(sub(2))))
+    await settle()
+    judge.release_all()
+    await settle()
+    for call in (first, again, last):
+        assert call.done() and isinstance(call.result(), Completed), call.result()
+    # The resend wrote the member (and the cohort's header) that the failed write lost.
+    slots = [r.coords.rollout_index for r in store.written if isinstance(r, MemberRecord)]
+    assert sorted(set(slots)) == [0, 1, 2]
+    await rt.shutdown(0)
+    await rt.close()
+
+
+async def test_retries_stop_when_the_runtime_is_closed(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    store = FlakyStore()
+    rt = runtime_over(store, judge, clock)
+    calls = [asyncio.ensure_future(answer(rt.submit(sub(i)))) for i in range(3)]
+    await settle()
+    store.failures = 1_000
+    judge.release_all()
+    await settle()
+    assert all(interrupted_by_store(call.result()) for call in calls)
+    clock.advance(REWRITE_DELAY_S)
+    await settle()
+    await rt.shutdown(0)
+    await rt.close()
+    attempts = len(store.attempts)
+    clock.advance(100 * REWRITE_DELAY_S)
+    await settle()
+    assert len(store.attempts) <= attempts + 1  # at most the retry already scheduled
