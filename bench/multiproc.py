@@ -26,8 +26,8 @@ Sections (each compares its sides in the same run, alternating the order round b
                   empty one (exec → "serving on" → first answered GetCohort); the file's
                   bytes per retained cohort.
 
-Every ``genrm-grpc serve`` gets its own store through ``GENRM_STORE``: a fresh SQLite file
-in the run's log directory (the default kind of store), unless a section says otherwise.
+Every ``genrm-grpc serve`` gets its store through ``GENRM_STORE``: ``memory://``, except
+the SQLite side of ``store`` (a fresh file in the run's log directory).
 """
 
 from __future__ import annotations
@@ -229,9 +229,11 @@ def start_service(
     store: str | None = None,
     **extra: Any,
 ) -> Proc:
-    """``genrm-grpc serve`` with its own store (``GENRM_STORE``): by default a fresh
-    SQLite file in ``logs``, the kind a deployment gets; ``store="memory://"`` keeps
-    nothing. Two servers never share a file (the store refuses a second process)."""
+    """``genrm-grpc serve`` with its store set through ``GENRM_STORE``, never the default
+    file in the working directory: ``memory://`` by default, so that sections 1–5 measure
+    the service's own work (the store's cost is the ``store`` section's subject); a
+    SQLite side passes ``store=fresh_store(...)``, a new file of its own (the store
+    refuses a second process on one file)."""
     config = {
         "listen": "127.0.0.1:0",
         "judge": {
@@ -251,7 +253,7 @@ def start_service(
     path.write_text(json.dumps(config))  # JSON is YAML
     exe = shutil.which("genrm-grpc", path=str(pathlib.Path(sys.executable).parent))
     argv = [exe] if exe else [sys.executable, "-m", "genrm_grpc.cli"]
-    env = {"GENRM_STORE": store or fresh_store(logs, name)}
+    env = {"GENRM_STORE": store or "memory://"}
     return Proc(
         name, [*argv, "serve", "--config", str(path)], r"serving on [\d.]+:(\d+)", logs, env=env
     )

@@ -174,8 +174,9 @@ def machine_section(out: dict[str, Any]) -> str:
             "whatever else runs on the machine): absolute figures move with load, so every "
             "comparison runs its sides in the same run, alternating the order round by round "
             "(ABAB), and reports the median with the spread of the rounds. Sections 6–10 are "
-            "in-process micro-benchmarks of one part each. Every server has its own store: "
-            "a fresh SQLite file (the default kind), except the `memory://` side of §11.",
+            "in-process micro-benchmarks of one part each. The servers of sections 1–5 run "
+            "with `store: memory://` so that they measure the service's own work; what the "
+            "default SQLite store adds is §11, both kinds side by side in the same run.",
         ]
     )
 

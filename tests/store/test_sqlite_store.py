@@ -389,4 +389,3 @@ def test_keys_and_coordinates_encode_every_field_and_decode_to_the_same_value() 
     coords = MemberCoords(2, "g", 3, 7, "p", 16)
     assert decode_coords(encode_coords(coords)) == coords
     assert len(json.loads(encode_coords(coords))) == len(dataclasses.fields(MemberCoords))
-
