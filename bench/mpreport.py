@@ -23,6 +23,8 @@ TARGETS = {
     "StreamGroups": 0.8,
     "single": 0.6,
     "retained_p99": 1.2,
+    "store_ratio": 0.8,
+    "restart_s": 2.0,
 }
 _KEPT = re.compile(
     r"<!-- BEGIN KEPT SECTION: (?P<name>[\w-]+) -->\n(?P<body>.*?)"
@@ -150,6 +152,29 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
             [
                 f"p99 at {hi:,} retained ≤ 1.2× p99 at {lo:,}",
                 _spread(r) + f"; pooled {ret['pooled_ratio_p99']:.2f}×",
+                _mark(ok),
+            ]
+        )
+    store = out.get("store")
+    if store:
+        for api in ("SubmitMember", "StreamGroups"):
+            r = store["summary"][api]["ratio"]
+            ok = r["median"] >= TARGETS["store_ratio"]
+            rows.append(
+                [
+                    f"{api} with the SQLite store ≥ 0.8× `memory://` (16-member groups)",
+                    _spread(r),
+                    _mark(ok) + ("" if ok else " (§11)"),
+                ]
+            )
+        rec = store["recovery"]
+        first = rec["summary"]["full"]["first_get_cohort_s"]
+        ok = first["median"] < TARGETS["restart_s"]
+        rows.append(
+            [
+                f"restart with {rec['retained']:,} retained + {rec['active']} active cohorts "
+                "< 2 s (exec → first answered GetCohort)",
+                _spread(first, 2, " s"),
                 _mark(ok),
             ]
         )
@@ -556,6 +581,99 @@ def profile_findings(out: dict[str, Any]) -> list[str]:
             )
         )
     return found
+
+
+def store_section(out: dict[str, Any]) -> str:
+    t = out["store"]
+    plan = out["multi_plan"]
+    rec = t["recovery"]
+    served = t["served_file"]
+    size = rec["size"]
+    lines = [
+        "## 11. Durable store: SQLite vs `memory://` (separate processes)",
+        "",
+        "Two `genrm-grpc serve` processes in the same run, identical but for `GENRM_STORE`: "
+        "a fresh SQLite file (`sqlite:///…`, the default kind: WAL, one writer thread, "
+        "group commit, `synchronous=FULL`) and `memory://` (nothing written). "
+        f"Groups of {plan['group_size']} members ({plan['answer_bytes']:,}-byte answers), "
+        f"{plan['in_flight']} groups in flight, {plan['groups']} groups per run, "
+        f"{plan['rounds']} rounds ABAB, the instant judge of §1. With SQLite every member "
+        "is answered only once it is committed, every journaled pass and the outcome are "
+        "written before publication (see docs/durability.md).",
+    ]
+    if "started_at" in t:
+        load = "; ".join(", ".join(f"{x:.2f}" for x in la) for la in t["loadavg"])
+        lines += [
+            "",
+            f"This section was measured from {t['started_at']} (load average 1/5/15 min "
+            f"at its start and end: {load}).",
+        ]
+    lines += [
+        "",
+        md_table(HEADERS, _side_rows(t["summary"], t["sides"])),
+        "",
+    ]
+    for api in ("SubmitMember", "StreamGroups"):
+        r = t["summary"][api]["ratio"]
+        rounds = ", ".join(f"{x:.2f}" for x in r["rounds"])
+        lines.append(
+            f"- **{api}: sqlite / memory = {r['median']:.2f}×** (median of per-round "
+            f"ratios; rounds {rounds}; target ≥ 0.8×)."
+        )
+    cpu = {
+        side: t["summary"]["SubmitMember"][side]["cpu_us_per_member"]["median"]
+        for side in t["sides"]
+    }
+    lines += [
+        f"- Server CPU per member (SubmitMember): {_f(cpu.get('sqlite'), 0)} µs with SQLite, "
+        f"{_f(cpu.get('memory'), 0)} µs in memory. Where it goes (a `py-spy record "
+        "--threads` of the SQLite server under this load, taken by hand): about a quarter "
+        "of the samples are in the store's writer thread, half of those in `COMMIT` (the "
+        "WAL write and its fsync), the rest in the inserts (each member with its answer "
+        "texts, each journaled pass, the cohort's header, tombstone and watermark); the "
+        "thread also competes with the event loop for the GIL. StreamGroups sends a "
+        "group's members on one stream, so more of them share one commit.",
+        "",
+        f"**Restart recovery.** A store file holding {rec['retained']:,} retained cohorts "
+        "(completed, 16 members, 16 journaled passes each, with their watermarks) and "
+        f"{rec['active']} active ones (collecting, 16 members with ~2 KiB of answer text "
+        "each), written through `SqliteStore.persist` as a server writes it; then a real "
+        '`genrm-grpc serve` process on it, timed from exec to its "serving on" line '
+        "(the store is read back before the port is bound) and to the first answered "
+        "`GetCohort` (of an active cohort: it answers COLLECTING with its 16 members), "
+        f"versus the same on an empty store; {len(rec['restarts']) // 2} restarts each, "
+        "ABAB. The process start-up itself (imports, settings, judge probe) is in both.",
+        "",
+        md_table(
+            ["store file", "exec → serving on, s", "exec → first GetCohort, s", "answer"],
+            [
+                [
+                    "empty" if side == "empty" else f"{rec['retained']:,} + {rec['active']}",
+                    _spread(rec["summary"][side]["serving_s"], 2, ""),
+                    _spread(rec["summary"][side]["first_get_cohort_s"], 2, ""),
+                    next(r["answer"] for r in rec["restarts"] if r["side"] == side),
+                ]
+                for side in ("full", "empty")
+            ],
+        ),
+        "",
+        f"- Reading back {rec['retained']:,} + {rec['active']} cohorts adds "
+        f"{rec['summary']['full']['first_get_cohort_s']['median'] - rec['summary']['empty']['first_get_cohort_s']['median']:+.2f} s "  # noqa: E501
+        "(median vs median) to a restart.",
+        "",
+        "**Store size per retained cohort.** "
+        f"{size['bytes_per_retained_cohort'] / 1024:.1f} KiB per retained 16-member cohort "
+        f"(a file of {rec['retained']:,} retained cohorts only: "
+        f"{size['file_bytes'] / 2**20:.1f} MiB, tombstone + watermark + 16 journaled "
+        "passes each). The SQLite server of the throughput runs above, after its drain, "
+        f"held {served['rows']['tombstones']:,} tombstones and "
+        f"{served['rows']['verdicts']:,} journaled passes in "
+        f"{served['used_bytes'] / 2**20:.1f} MiB of used pages "
+        f"({served['used_bytes_per_tombstone'] / 1024:.1f} KiB per retained cohort; the "
+        "pages freed by dropped members are reused, the file is "
+        f"{served['file_bytes'] / 2**20:.1f} MiB).",
+    ]
+    return "\n".join(lines)
 
 
 def _zip_longest(a: Sequence[Any], b: Sequence[Any]) -> list[tuple[Any, Any]]:

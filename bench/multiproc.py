@@ -20,6 +20,14 @@ Sections (each compares its sides in the same run, alternating the order round b
 - ``retained``    p99 member latency with 100 vs 50,000 retained cohorts (two servers,
                   the store at its cap so every new cohort evicts one).
 - ``profile``     py-spy on the server while it serves 1-member groups (both APIs).
+- ``store``       the SQLite store (a fresh file per server) vs ``memory://``: 16-member
+                  groups on both APIs; restart recovery time of a real ``genrm-grpc
+                  serve`` on a file holding 10,000 retained and 100 active cohorts vs an
+                  empty one (exec → "serving on" → first answered GetCohort); the file's
+                  bytes per retained cohort.
+
+Every ``genrm-grpc serve`` gets its store through ``GENRM_STORE``: ``memory://``, except
+the SQLite side of ``store`` (a fresh file in the run's log directory).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 APIS = ("SubmitMember", "StreamGroups")
-MP_SECTIONS = ("throughput", "single", "saturation", "retained", "profile")
+MP_SECTIONS = ("throughput", "single", "saturation", "retained", "profile", "store")
 PRINCIPLE = (
     "Judge which response better answers the user: correct, complete and clear; "
     "prefer the shorter one when they are equally good."
@@ -76,6 +84,11 @@ class MultiPlan:
     #: Few groups in flight: latency then shows pauses rather than queueing behind load.
     retained_in_flight: int = 4
     profile_s: float = 5.0
+    #: Restart recovery: a store file with this many retained (completed 16-member
+    #: cohorts, 16 journaled passes each) and active (collecting, 16 members) cohorts.
+    store_retained: int = 10_000
+    store_active: int = 100
+    store_restarts: int = 4
     sections: tuple[str, ...] = MP_SECTIONS
 
 
@@ -92,6 +105,8 @@ QUICK_MULTI = MultiPlan(
     retained_rounds=2,
     retained_groups=16,
     profile_s=1.5,
+    store_retained=2_000,
+    store_restarts=2,
 )
 
 
@@ -114,11 +129,13 @@ class Proc:
         logs: pathlib.Path,
         *,
         stdin: bool = False,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.log_path = logs / f"{name}.log"
         self._log = self.log_path.open("w")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.started = time.perf_counter()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
             list(argv),
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -130,6 +147,7 @@ class Proc:
         assert self.proc.stdout is not None
         self.stdout: IO[str] = self.proc.stdout
         self.port = 0
+        self.ready_s = math.nan
         pattern = re.compile(ready)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -139,6 +157,7 @@ class Proc:
             found = pattern.search(line)
             if found:
                 self.port = int(found.group(1)) if found.groups() else 0
+                self.ready_s = time.perf_counter() - self.started
                 return
         self.stop()
         raise RuntimeError(f"{name} did not start; see {self.log_path}")
@@ -193,9 +212,28 @@ class Judge(Proc):
         return bodies
 
 
+def fresh_store(logs: pathlib.Path, name: str) -> str:
+    """``sqlite:////ABS/PATH`` of a new store file for one server (old copies removed)."""
+    path = (logs / f"{name}.sqlite3").resolve()
+    for old in path.parent.glob(f"{path.name}*"):
+        old.unlink()
+    return f"sqlite:///{path}"
+
+
 def start_service(
-    name: str, judge: Judge, logs: pathlib.Path, *, concurrency: int, **extra: Any
+    name: str,
+    judge: Judge,
+    logs: pathlib.Path,
+    *,
+    concurrency: int,
+    store: str | None = None,
+    **extra: Any,
 ) -> Proc:
+    """``genrm-grpc serve`` with its store set through ``GENRM_STORE``, never the default
+    file in the working directory: ``memory://`` by default, so that sections 1–5 measure
+    the service's own work (the store's cost is the ``store`` section's subject); a
+    SQLite side passes ``store=fresh_store(...)``, a new file of its own (the store
+    refuses a second process on one file)."""
     config = {
         "listen": "127.0.0.1:0",
         "judge": {
@@ -215,7 +253,10 @@ def start_service(
     path.write_text(json.dumps(config))  # JSON is YAML
     exe = shutil.which("genrm-grpc", path=str(pathlib.Path(sys.executable).parent))
     argv = [exe] if exe else [sys.executable, "-m", "genrm_grpc.cli"]
-    return Proc(name, [*argv, "serve", "--config", str(path)], r"serving on [\d.]+:(\d+)", logs)
+    env = {"GENRM_STORE": store or "memory://"}
+    return Proc(
+        name, [*argv, "serve", "--config", str(path)], r"serving on [\d.]+:(\d+)", logs, env=env
+    )
 
 
 def start_baseline(
@@ -674,6 +715,166 @@ def section_retained(
     }
 
 
+def _store_file(url: str) -> pathlib.Path:
+    return pathlib.Path(url.removeprefix("sqlite:///"))
+
+
+def store_file_figures(path: pathlib.Path) -> dict[str, Any]:
+    """Size of a closed store file and what it holds (read with a second connection)."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        count = {
+            table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("cohorts", "members", "tombstones", "watermarks", "verdicts")
+        }
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    files = sum(
+        p.stat().st_size
+        for p in (path.parent / f"{path.name}{x}" for x in ("", "-wal"))
+        if p.exists()
+    )
+    return {
+        "rows": count,
+        "file_bytes": files,
+        "used_bytes": (pages - free) * page,
+        "used_bytes_per_tombstone": (pages - free) * page / max(count["tombstones"], 1),
+    }
+
+
+def timed_restart(
+    name: str, judge: Judge, logs: pathlib.Path, store: pathlib.Path, retained: int
+) -> dict[str, Any]:
+    """Start ``genrm-grpc serve`` on ``store``: seconds from exec to "serving on" and to
+    the first answered GetCohort (of ``active-0``, a cohort the file may hold)."""
+    import grpc
+    from genrm.cohort.v1 import cohort_pb2 as pb
+    from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
+
+    server = start_service(
+        name,
+        judge,
+        logs,
+        concurrency=64,
+        store=f"sqlite:///{store.resolve()}",
+        max_terminal_cohorts=max(retained, 4096),
+        cohort_result_ttl_s=1e7,
+    )
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            try:
+                reply = pb_grpc.CohortServiceStub(channel).GetCohort(
+                    pb.GetCohortRequest(member=pb.MemberRef(group_id="active-0")),
+                    timeout=60,
+                    wait_for_ready=True,
+                )
+                answer = pb.CohortPhase.Name(reply.cohort.phase)
+                members = len(reply.cohort.present_indices)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:  # an empty store's answer
+                    raise
+                answer, members = "NOT_FOUND", 0
+            first = time.perf_counter() - server.started
+    finally:
+        server.stop()
+    return {
+        "serving_s": server.ready_s,
+        "first_get_cohort_s": first,
+        "answer": answer,
+        "members": members,
+    }
+
+
+def store_recovery(plan: MultiPlan, judge: Judge, logs: pathlib.Path) -> dict[str, Any]:
+    """Restart time on a full store file vs an empty one, ABAB; bytes per retained cohort."""
+    from bench.store import build
+
+    full, empty, tombs = (logs / f"recovery-{k}.sqlite3" for k in ("full", "empty", "tombs"))
+    for path in (full, empty, tombs):
+        for old in path.parent.glob(f"{path.name}*"):
+            old.unlink()
+    t0 = time.perf_counter()
+    build(full, plan.store_retained, plan.store_active, time.time())
+    build(empty, 0, 0, time.time())
+    build(tombs, plan.store_retained, 0, time.time())
+    built_s = time.perf_counter() - t0
+    size = store_file_figures(tombs)
+    rows: list[dict[str, Any]] = []
+    sides = (("full", full), ("empty", empty))
+    for rnd in range(plan.store_restarts):
+        for side, path in sides if rnd % 2 == 0 else sides[::-1]:
+            row = timed_restart(f"restart-{side}", judge, logs, path, plan.store_retained)
+            rows.append({"side": side, "round": rnd, **row})
+            print(
+                f"   restart {side:>5} round {rnd + 1}: serving after {row['serving_s']:.2f} s, "
+                f"first GetCohort after {row['first_get_cohort_s']:.2f} s ({row['answer']}, "
+                f"{row['members']} members)",
+                flush=True,
+            )
+    return {
+        "retained": plan.store_retained,
+        "active": plan.store_active,
+        "build_s": built_s,
+        "restarts": rows,
+        "summary": {
+            side: {
+                key: spread([r[key] for r in rows if r["side"] == side])
+                for key in ("serving_s", "first_get_cohort_s")
+            }
+            for side, _ in sides
+        },
+        "size": {
+            **size,
+            "retained_file_bytes": size["file_bytes"],
+            "bytes_per_retained_cohort": size["file_bytes"] / max(plan.store_retained, 1),
+        },
+    }
+
+
+def section_store(
+    plan: MultiPlan, load: LoadGen, judge: Judge, logs: pathlib.Path
+) -> dict[str, Any]:
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load0 = list(os.getloadavg())
+    sqlite_url = fresh_store(logs, "store-sqlite")
+    servers = {
+        name: start_service(
+            f"store-{name}",
+            judge,
+            logs,
+            concurrency=plan.concurrency,
+            store=url,
+            num_rollouts_per_prompt=plan.group_size,
+        )
+        for name, url in (("sqlite", sqlite_url), ("memory", "memory://"))
+    }
+    try:
+        for p in servers.values():
+            warm(load, p, plan.group_size, plan.warmup_groups, plan.in_flight)
+        out = abab(
+            plan,
+            load,
+            servers,
+            judge,
+            apis=APIS,
+            rounds=plan.rounds,
+            size=plan.group_size,
+            groups=plan.groups,
+            in_flight=plan.in_flight,
+            answer_bytes=plan.answer_bytes,
+        )
+    finally:
+        for p in servers.values():
+            p.stop()
+    out["served_file"] = store_file_figures(_store_file(sqlite_url))
+    out["recovery"] = store_recovery(plan, judge, logs)
+    out["started_at"] = started_at
+    out["loadavg"] = [load0, list(os.getloadavg())]
+    return out
+
+
 def _frame(frame: str) -> str:
     """``func (.../site-packages/httpx/_client.py:123)`` → ``func (httpx/_client.py)``:
     one entry per function; the project's own files keep their ``genrm_grpc/`` prefix."""
@@ -836,6 +1037,9 @@ def run_multi(plan: MultiPlan, out: dict[str, Any], keep_logs: pathlib.Path | No
         if "profile" in plan.sections:
             print("multi-process: py-spy profiles, 1-member groups", flush=True)
             out["profile"] = section_profile(plan, load, judge, logs)
+        if "store" in plan.sections:
+            print("multi-process: SQLite store vs memory://, restart recovery", flush=True)
+            out["store"] = section_store(plan, load, judge, logs)
     finally:
         load.stop()
         judge.stop()

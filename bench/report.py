@@ -167,14 +167,16 @@ def machine_section(out: dict[str, Any]) -> str:
             f"- run: {out['started_at']}, {out['duration_s']} s"
             + (" (**--quick**: fewer rounds and groups)" if out.get("quick") else ""),
             "",
-            "Sections 1–5 run the **load generator, the server (`genrm-grpc serve`), the "
+            "Sections 1–5 and 11 run the **load generator, the server (`genrm-grpc serve`), the "
             "judge and the baselines as separate processes** on loopback, so each has its "
             "own interpreter and GIL; server CPU is the server process's user + system time "
             f"(`/proc/PID/stat`). The {m['cores']} cores are shared by all of them (and by "
             "whatever else runs on the machine): absolute figures move with load, so every "
             "comparison runs its sides in the same run, alternating the order round by round "
             "(ABAB), and reports the median with the spread of the rounds. Sections 6–10 are "
-            "in-process micro-benchmarks of one part each.",
+            "in-process micro-benchmarks of one part each. The servers of sections 1–5 run "
+            "with `store: memory://` so that they measure the service's own work; what the "
+            "default SQLite store adds is §11, both kinds side by side in the same run.",
         ]
     )
 
@@ -465,6 +467,8 @@ def markdown(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
         parts += ["", memory_section(out)]
     if "schedule" in out:
         parts += ["", schedule_section(out)]
+    if "store" in out:
+        parts += ["", mpreport.store_section(out)]
     parts += [
         "",
         "## Reproduce",

@@ -121,7 +121,10 @@ async def start_service(
         comparison_strategy="circular",
         genrm_parse_retry_sleep_s=0.01,
         shutdown_grace_s=1.0,
-        **overrides,
+        # In-process micro-benchmarks of the service's own work: no store file (the
+        # default would be genrm-state.sqlite3 in the working directory, replaying the
+        # previous run's groups). The store's cost is the multi-process `store` section.
+        **{"store": "memory://", **overrides},
     )
     server = CohortServer(settings)
     if judge is not None:

@@ -57,16 +57,16 @@ def _completed() -> Completed:
     return Completed(rewards, {"mean_individual_score": 3.5, "std_individual_score": 0.0}, judged)
 
 
-def _retained(n: int) -> list[Record]:
+def _retained(n: int, now: float = NOW) -> list[Record]:
     outcome = _completed()
     records: list[Record] = []
     for c in range(n):
         key = CohortKey(f"group-{c}", None, 0)
         digests = {k: _digest(c * GROUP + k) for k in range(GROUP)}
         records.append(
-            TombstoneRecord(Tombstone(key, GROUP, "pd", digests, outcome, NOW), NOW + 3600)
+            TombstoneRecord(Tombstone(key, GROUP, "pd", digests, outcome, now), now + 3600)
         )
-        records.append(WatermarkRecord(f"group-{c}", 0, NOW + 3600))
+        records.append(WatermarkRecord(f"group-{c}", 0, now + 3600))
         records.extend(
             VerdictRecord(
                 key,
@@ -80,18 +80,18 @@ def _retained(n: int) -> list[Record]:
                 (i + 1) % GROUP,
                 Verdict(4.0, 3.0, 2.5),
                 (2000, 9000, 8000),
-                NOW,
+                now,
             )
             for i in range(GROUP)
         )
     return records
 
 
-def _active(m: int) -> list[Record]:
+def _active(m: int, now: float = NOW) -> list[Record]:
     records: list[Record] = []
     for c in range(m):
         key = CohortKey(f"active-{c}", None, 0)
-        records.append(CohortRecord(key, c, GROUP, PROMPT, "pd", "collecting", NOW, NOW + 1800))
+        records.append(CohortRecord(key, c, GROUP, PROMPT, "pd", "collecting", now, now + 1800))
         records.extend(
             MemberRecord(key, MemberCoords(k, key.group_id, 0), _digest(k), ANSWER)
             for k in range(GROUP)
@@ -99,10 +99,10 @@ def _active(m: int) -> list[Record]:
     return records
 
 
-async def _build(path: Path, retained: int, active: int) -> None:
+async def _build(path: Path, retained: int, active: int, now: float = NOW) -> None:
     store = SqliteStore(path)
-    await store.open(NOW)
-    records = _retained(retained) + _active(active)
+    await store.open(now)
+    records = _retained(retained, now) + _active(active, now)
     for start in range(0, len(records), 5000):
         await store.persist(records[start : start + 5000])
     await store.close()
@@ -146,6 +146,13 @@ async def _throughput(path: Path, synchronous: str, members: int, callers: int) 
         "p50_ms": 1000 * latencies[len(latencies) // 2],
         "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
     }
+
+
+def build(path: Path, retained: int, active: int, now: float) -> None:
+    """Write a store file as a busy server leaves it (records stamped at wall time
+    ``now``): ``retained`` completed 16-member cohorts with their 16 journaled passes,
+    ``active`` collecting 16-member cohorts with realistic answer bodies."""
+    asyncio.run(_build(path, retained, active, now))
 
 
 def _file_bytes(folder: Path) -> int:
