@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from genrm_grpc.cohort.model import (
-    MemberCoords,
-)
+from genrm_grpc.cohort.model import CohortKey, MemberCoords
 from genrm_grpc.scoring.types import AnswerTexts
 from genrm_grpc.store.durable import MemoryDurable, store_from_url, validate_store_url
 from genrm_grpc.store.records import (
