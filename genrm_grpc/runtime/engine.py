@@ -216,6 +216,22 @@ class Ticket:
         error = StoreError("cancelled") if durable.cancelled() else durable.exception()
         return None if error is None else store_unavailable("this member", error)
 
+    def interrupt_if_unwritten(self) -> None:
+        """End the waiter with STORE_UNAVAILABLE if ``durable`` fails (now or later)."""
+        durable, waiter = self.durable, self.waiter
+        if durable is None or waiter is None:
+            return
+        if durable.done():
+            self._interrupt_waiter()
+        else:
+            durable.add_done_callback(lambda _: self._interrupt_waiter())
+
+    def _interrupt_waiter(self) -> None:
+        failure = self.store_failure()
+        waiter = self.waiter
+        if failure is not None and waiter is not None:
+            _interrupt([waiter], failure)
+
     async def persisted(self) -> None:
         """Wait until ``durable``; raises :class:`CallInterrupted` when the write failed."""
         durable = self.durable

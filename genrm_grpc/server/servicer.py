@@ -212,12 +212,16 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         if ticket.rejection is not None:
             await abort(context, ticket.rejection)
         try:
-            # Nothing is answered before what it depends on is in the store.
-            await ticket.persisted()
+            # Nothing is answered before what it depends on is in the store. A replay
+            # waits for its outcome's write; a waiting member needs no wait of its own
+            # (its outcome is published only once written, after the member), but fails
+            # at once with STORE_UNAVAILABLE if the member's own write fails.
             if ticket.replay is not None:
+                await ticket.persisted()
                 answer = self._replay(sub, ticket)
             else:
                 assert ticket.waiter is not None
+                ticket.interrupt_if_unwritten()
                 # A cancelled or expired call ends here; Waiter.wait removes only this waiter.
                 try:
                     async with asyncio.timeout(self._wait_cap(context)):

@@ -147,6 +147,8 @@ class SqliteStore:
     """Durable records in one SQLite file, written by one thread."""
 
     survives_restart = True
+    #: How long the writer waits for more batches when it wakes up to a single one.
+    gather_s = 0.001
 
     def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
         self.path = Path(path)
@@ -307,6 +309,10 @@ class SqliteStore:
         stopping = False
         while not stopping:
             first = self._queue.get()
+            if self._queue.empty() and self.gather_s > 0:
+                # Alone: give the loop a moment to queue more, so that a burst shares
+                # one commit (a commit's fixed cost is most of the store's CPU).
+                time.sleep(self.gather_s)
             pending: list[_Batch] = []
             for item in _drain(first, self._queue):
                 if item is _STOP:
@@ -332,9 +338,7 @@ class SqliteStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for batch in batches:
-                    for record in batch.records:
-                        _apply(conn, record)
+                _apply_all(conn, [r for batch in batches for r in batch.records])
                 conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -378,42 +382,73 @@ def _drain(first: object, q: queue.SimpleQueue[object]) -> list[object]:
             return items
 
 
+_INSERT_MEMBER = "INSERT OR REPLACE INTO members VALUES (?, ?, ?, ?, ?, ?)"
+_INSERT_VERDICT = (
+    "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _member_row(record: MemberRecord) -> tuple[Any, ...]:
+    return (
+        encode_key(record.key),
+        record.coords.rollout_index,
+        encode_coords(record.coords),
+        record.digest,
+        record.texts.reasoning,
+        record.texts.answer,
+    )
+
+
+def _verdict_row(record: VerdictRecord) -> tuple[Any, ...]:
+    v, usage = record.verdict, record.usage or (None, None, None)
+    return (
+        encode_key(record.cohort),
+        record.response_i,
+        record.response_j,
+        record.judge_index,
+        record.scope,
+        bytes.fromhex(record.context),
+        bytes.fromhex(record.first),
+        bytes.fromhex(record.second),
+        record.swap,
+        v.score_1,
+        v.score_2,
+        v.ranking,
+        v.parse_failed,
+        *usage,
+        record.finished_at,
+    )
+
+
+def _apply_all(conn: sqlite3.Connection, records: Sequence[Record]) -> None:
+    """Apply ``records`` in order; runs of members or verdicts go as one executemany."""
+    run: list[tuple[Any, ...]] = []
+    run_sql = ""
+    for record in records:
+        if isinstance(record, MemberRecord):
+            sql, row = _INSERT_MEMBER, _member_row(record)
+        elif isinstance(record, VerdictRecord):
+            sql, row = _INSERT_VERDICT, _verdict_row(record)
+        else:
+            if run:
+                conn.executemany(run_sql, run)
+                run = []
+            _apply(conn, record)
+            continue
+        if run and sql is not run_sql:
+            conn.executemany(run_sql, run)
+            run = []
+        run_sql = sql
+        run.append(row)
+    if run:
+        conn.executemany(run_sql, run)
+
+
 def _apply(conn: sqlite3.Connection, record: Record) -> None:
     if isinstance(record, MemberRecord):
-        conn.execute(
-            "INSERT OR REPLACE INTO members VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                encode_key(record.key),
-                record.coords.rollout_index,
-                encode_coords(record.coords),
-                record.digest,
-                record.texts.reasoning,
-                record.texts.answer,
-            ),
-        )
+        conn.execute(_INSERT_MEMBER, _member_row(record))
     elif isinstance(record, VerdictRecord):
-        v, usage = record.verdict, record.usage or (None, None, None)
-        conn.execute(
-            "INSERT OR REPLACE INTO verdicts VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                encode_key(record.cohort),
-                record.response_i,
-                record.response_j,
-                record.judge_index,
-                record.scope,
-                bytes.fromhex(record.context),
-                bytes.fromhex(record.first),
-                bytes.fromhex(record.second),
-                record.swap,
-                v.score_1,
-                v.score_2,
-                v.ranking,
-                v.parse_failed,
-                *usage,
-                record.finished_at,
-            ),
-        )
+        conn.execute(_INSERT_VERDICT, _verdict_row(record))
     elif isinstance(record, CohortRecord):
         conn.execute(
             "INSERT OR REPLACE INTO cohorts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
