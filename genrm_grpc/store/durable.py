@@ -25,7 +25,6 @@ from genrm_grpc.store.records import (
     TombstoneRecord,
     VerdictRecord,
 )
-from genrm_grpc.store.redis import RedisStore
 from genrm_grpc.store.sqlite import SqliteStore
 
 
@@ -132,6 +131,9 @@ def store_from_url(url: str, *, synchronous: str = "FULL") -> DurableStore:
     if parts.scheme == "memory":
         return MemoryDurable()
     if parts.scheme == "redis":
+        # Imported here: a server on a file or in memory never needs the Redis client.
+        from genrm_grpc.store.redis import RedisStore
+
         return RedisStore(url)
     # sqlite:///rel → "/rel" → "rel"; sqlite:////abs → "//abs" → "/abs".
     return SqliteStore(parts.path[1:], synchronous=synchronous)
