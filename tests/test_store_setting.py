@@ -34,3 +34,20 @@ def test_a_store_the_server_cannot_serve_from_is_a_configuration_error(
     with pytest.raises(ConfigError) as refused:
         load_settings(store=url)
     assert words in str(refused.value)
+
+
+def test_a_server_on_a_file_never_imports_the_redis_client() -> None:
+    """The NeMo Gym venv (and any deployment on a file) has no redis-py: the server and
+    its stores must import without it."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, genrm_grpc.server.app, genrm_grpc.store.durable as d; "
+        "d.store_from_url('sqlite:///x.sqlite3'); d.store_from_url('memory://'); "
+        "print(sorted(m for m in sys.modules if m == 'redis' or m.startswith('redis.')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]"
