@@ -29,9 +29,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 
-from bench.store import ANSWER, GROUP, NOW, _active, _digest, _retained
-from genrm_grpc.cohort.model import CohortKey, MemberCoords
-from genrm_grpc.store.records import MemberRecord, VerdictRecord
+from bench.store import NOW, _active, _retained, member_queue, persist_one_by_one
+from genrm_grpc.store.records import VerdictRecord
 from genrm_grpc.store.redis import RedisStore
 from genrm_grpc.testing.redis_server import RedisServer
 
@@ -117,32 +116,10 @@ async def _throughput(url: str, run: int, members: int, callers: int) -> dict[st
     store = RedisStore(url, prefix=PREFIX)
     await store.open(NOW)
     opened = store.stats.round_trips
-    queue = [
-        MemberRecord(
-            CohortKey(f"t{run}-{n // GROUP}", None, 0), MemberCoords(n % GROUP), _digest(n), ANSWER
-        )
-        for n in range(members)
-    ]
-    latencies: list[float] = []
-
-    async def caller(offset: int) -> None:
-        for n in range(offset, members, callers):
-            started = time.perf_counter()
-            await store.persist([queue[n]])
-            latencies.append(time.perf_counter() - started)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(caller(k) for k in range(callers)))
-    elapsed = time.perf_counter() - started
+    figures = await persist_one_by_one(store, member_queue(members, f"t{run}"), callers)
     trips = store.stats.round_trips - opened
     await store.close()
-    latencies.sort()
-    return {
-        "records_per_s": members / elapsed,
-        "round_trips_per_member": trips / members,
-        "p50_ms": 1000 * latencies[len(latencies) // 2],
-        "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
-    }
+    return {**figures, "round_trips_per_member": trips / members}
 
 
 def _spread(values: Sequence[float]) -> dict[str, float]:

@@ -29,6 +29,7 @@ from genrm_grpc.cohort.model import (
     comparisons_of,
 )
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
+from genrm_grpc.store.durable import DurableStore
 from genrm_grpc.store.records import (
     CohortRecord,
     MemberRecord,
@@ -117,16 +118,26 @@ async def _recover(path: Path) -> tuple[float, int, int]:
     return elapsed, len(recovered.tombstones), len(recovered.cohorts)
 
 
-async def _throughput(path: Path, synchronous: str, members: int, callers: int) -> dict[str, float]:
-    store = SqliteStore(path, synchronous=synchronous)
-    await store.open(NOW)
-    queue = [
+def member_queue(members: int, prefix: str) -> list[MemberRecord]:
+    """``members`` member records of 16-member cohorts named ``{prefix}-{n}``."""
+    return [
         MemberRecord(
-            CohortKey(f"t-{n // GROUP}", None, 0), MemberCoords(n % GROUP), _digest(n), ANSWER
+            CohortKey(f"{prefix}-{n // GROUP}", None, 0),
+            MemberCoords(n % GROUP),
+            _digest(n),
+            ANSWER,
         )
         for n in range(members)
     ]
+
+
+async def persist_one_by_one(
+    store: DurableStore, queue: Sequence[MemberRecord], callers: int
+) -> dict[str, float]:
+    """``callers`` concurrent callers persist ``queue`` one record per call, each call
+    awaited as a member's answer would be: throughput and per-call latency."""
     latencies: list[float] = []
+    members = len(queue)
 
     async def caller(offset: int) -> None:
         for n in range(offset, members, callers):
@@ -137,15 +148,21 @@ async def _throughput(path: Path, synchronous: str, members: int, callers: int) 
     started = time.perf_counter()
     await asyncio.gather(*(caller(k) for k in range(callers)))
     elapsed = time.perf_counter() - started
-    commits = store.stats.commits
-    await store.close()
     latencies.sort()
     return {
         "records_per_s": members / elapsed,
-        "batches_per_commit": members / max(commits, 1),
-        "p50_ms": 1000 * latencies[len(latencies) // 2],
-        "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
+        "p50_ms": 1000 * latencies[members // 2],
+        "p99_ms": 1000 * latencies[int(members * 0.99)],
     }
+
+
+async def _throughput(path: Path, synchronous: str, members: int, callers: int) -> dict[str, float]:
+    store = SqliteStore(path, synchronous=synchronous)
+    await store.open(NOW)
+    figures = await persist_one_by_one(store, member_queue(members, "t"), callers)
+    commits = store.stats.commits
+    await store.close()
+    return {**figures, "batches_per_commit": members / max(commits, 1)}
 
 
 def build(path: Path, retained: int, active: int, now: float) -> None:
