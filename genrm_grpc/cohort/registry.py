@@ -422,9 +422,7 @@ class CohortRegistry:
     def _accept(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
         member = Member(coords=sub.coords, candidate=sub.candidate)
         cohort.members[sub.rollout_index] = member
-        self._outbox.append(
-            MemberRecord(cohort.key, sub.coords, sub.candidate.digest, sub.candidate.texts)
-        )
+        self._outbox.append(_member_record(cohort.key, member))
         frozen = False
         if cohort.full:
             cohort.phase = transition(cohort.phase, Event.FILLED)
@@ -476,13 +474,8 @@ class CohortRegistry:
     def active_records(self, cohort: Cohort) -> list[Record]:
         """An active cohort's header and members as records (to write them again after a
         failed write, when a member is resent)."""
-        records: list[Record] = [self._header(cohort)]
-        for member in cohort.members.values():
-            candidate = member.candidate
-            records.append(
-                MemberRecord(cohort.key, member.coords, candidate.digest, candidate.texts)
-            )
-        return records
+        members = (_member_record(cohort.key, m) for m in cohort.members.values())
+        return [self._header(cohort), *members]
 
     def _take(self) -> list[Record]:
         records, self._outbox = self._outbox, []
@@ -659,6 +652,10 @@ class CohortRegistry:
         return self._reject(
             Reason.SHUTTING_DOWN, "the server is shutting down; retry on another replica", sub
         )
+
+
+def _member_record(key: CohortKey, member: Member) -> MemberRecord:
+    return MemberRecord(key, member.coords, member.candidate.digest, member.candidate.texts)
 
 
 def legacy_outcome(outcome: Failed | Masked) -> Failed | Masked:
