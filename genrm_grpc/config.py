@@ -294,6 +294,10 @@ class Settings(BaseSettings):
     #: ``group``: a later attempt of a group reuses journaled verdicts on byte-identical
     #: questions instead of calling the judge again; ``off``: always judge.
     verdict_reuse: Literal["group", "off"] = "group"
+    #: Replicas on a shared ``redis://`` store: how long an evaluating replica's lease on
+    #: a cohort lasts without renewal (renewed every third of it); after it expires
+    #: another replica takes the evaluation over.
+    replica_lease_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     #: Judge calls one cohort may need (pairs of its declared group_size × judges);
     #: a member declaring more is refused with INVALID_ARGUMENT before any work.
     max_judge_passes_per_cohort: Annotated[int, Field(ge=1)] = 16_384
@@ -340,16 +344,7 @@ class Settings(BaseSettings):
 
         if value == "memory":  # the name before the durable stores existed
             return "memory://"
-        url = validate_store_url(value)
-        if url.startswith("redis:"):
-            # The Redis backend exists (genrm_grpc.store.redis), but a server serving
-            # from it needs the replica protocol (group leases, takeover) to be safe
-            # when several share it; until then it is refused rather than half-served.
-            raise ValueError(
-                f"store {value!r}: serving from Redis (shared by replicas) is not available "
-                "yet, see docs/scaling.md; use sqlite:///PATH"
-            )
-        return url
+        return validate_store_url(value)
 
     @field_validator("metrics_listen")
     @classmethod
@@ -367,6 +362,17 @@ class Settings(BaseSettings):
                 )
         if self.stream_max_held_bytes > self.connection_max_held_bytes:
             raise ValueError("stream_max_held_bytes must not exceed connection_max_held_bytes")
+        return self
+
+    @model_validator(mode="after")
+    def _replicas_judge_after_collection(self) -> Settings:
+        # Eager judging starts passes as members arrive, which needs one process to see
+        # every member of a group; replicas on a shared store do not.
+        if self.store.startswith("redis:") and self.judge_schedule == "eager":
+            raise ValueError(
+                "judge_schedule: eager needs every member of a group on one process; with "
+                "store: redis://… (replicas) use judge_schedule: after_collection"
+            )
         return self
 
     @model_validator(mode="after")

@@ -1,4 +1,4 @@
-"""The ``store`` setting: a file by default, memory on request, Redis refused for now."""
+"""The ``store`` setting: a file by default, memory on request, Redis for replicas."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_memory_is_accepted_under_its_old_name_and_as_a_url() -> None:
 @pytest.mark.parametrize(
     ("url", "words"),
     [
-        ("redis://127.0.0.1:6379/0", "not available yet"),
+        ("redis://127.0.0.1:6379/zero", "must be a number"),
         ("sqlite://host/file", "has no host"),
         ("sqlite:///", "names no file"),
         ("postgres://db/genrm", "the scheme must be"),
@@ -34,6 +34,14 @@ def test_a_store_the_server_cannot_serve_from_is_a_configuration_error(
     with pytest.raises(ConfigError) as refused:
         load_settings(store=url)
     assert words in str(refused.value)
+
+
+def test_a_redis_store_is_accepted_and_refuses_eager_judging() -> None:
+    assert load_settings(store="redis://127.0.0.1:6379/0").store == "redis://127.0.0.1:6379/0"
+    assert load_settings(store="redis://127.0.0.1:6379/0").replica_lease_s == 10.0
+    with pytest.raises(ConfigError) as refused:
+        load_settings(store="redis://127.0.0.1:6379/0", judge_schedule="eager")
+    assert "after_collection" in str(refused.value)
 
 
 def test_a_server_on_a_file_never_imports_the_redis_client() -> None:

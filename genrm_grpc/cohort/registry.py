@@ -135,6 +135,9 @@ class CohortRegistry:
         self.evictions_examined = 0
         self.wall_offset = 0.0
         self._outbox: list[Record] = []
+        # Active cohorts held outside this registry (replicas: the rest of the deployment).
+        self._elsewhere = 0
+        self._elsewhere_by_principal: dict[str, int] = {}
         store.on_evict = self._evicted
 
     # ------------------------------------------------------------------ queries
@@ -162,6 +165,16 @@ class CohortRegistry:
     def counts(self) -> dict[str, int]:
         """Sizes of what the registry holds (metrics, leak checks)."""
         return {"active": len(self._active), **self.store.counts()}
+
+    def count_elsewhere(self, total: int, by_principal: Mapping[str, int]) -> None:
+        """Active cohorts that count against the capacity limits but are not held here.
+
+        Replicas sharing a store decide about one group at a time in a registry that
+        holds only that group; the rest of the deployment's active cohorts are counted
+        here so that ``max_active_cohorts`` and the per-principal quota keep their meaning.
+        """
+        self._elsewhere = total
+        self._elsewhere_by_principal = dict(by_principal)
 
     # ------------------------------------------------------------------ events
     def submit(self, sub: Submission, now: float) -> SubmitDecision:
@@ -200,7 +213,7 @@ class CohortRegistry:
                 if self._draining and self._active.get(key) is None:
                     return self._shutting_down(sub)
                 older = len(self._active_by_group.get(scope, ()))
-                if len(self._active) - older >= self.config.max_active_cohorts:
+                if self._active_total() - older >= self.config.max_active_cohorts:
                     return self._capacity_exhausted(sub)
                 if self._over_principal_quota(key.principal, older):
                     return self._principal_quota_exhausted(sub)
@@ -372,7 +385,7 @@ class CohortRegistry:
             return self._submit_terminal(tomb, sub)
         if self._draining:
             return self._shutting_down(sub)
-        if len(self._active) >= self.config.max_active_cohorts:
+        if self._active_total() >= self.config.max_active_cohorts:
             return self._capacity_exhausted(sub)
         if self._over_principal_quota(sub.key.principal, 0):
             return self._principal_quota_exhausted(sub)
@@ -637,7 +650,12 @@ class CohortRegistry:
         quota = self.config.max_active_cohorts_per_principal
         if quota is None:
             return False
-        return self._active_by_principal.get(principal, 0) - superseded >= quota
+        held = self._active_by_principal.get(principal, 0)
+        held += self._elsewhere_by_principal.get(principal, 0)
+        return held - superseded >= quota
+
+    def _active_total(self) -> int:
+        return len(self._active) + self._elsewhere
 
     def _principal_quota_exhausted(self, sub: Submission) -> SubmitDecision:
         return self._reject(

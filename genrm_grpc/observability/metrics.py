@@ -122,6 +122,20 @@ class ServerMetrics:
             registry=r,
         )
         self.judge_ready.set(1)
+        self.store_up = Gauge(
+            "genrm_store_up",
+            "1 while the store answers; 0 while a shared (Redis) store is unreachable "
+            "(the cohort service is NOT_SERVING).",
+            registry=r,
+        )
+        self.store_up.set(1)
+        self.store_round_trip = Histogram(
+            "genrm_store_round_trip_seconds",
+            "Replicas on a shared store: duration of one Redis round trip of the replica "
+            "protocol (group read, group commit, lease claim or renewal, outcome read).",
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
         self.compare_requests = Counter(
             "genrm_compare_requests",
             "Compare calls by outcome (ok, judge_failed, rejected).",
@@ -187,6 +201,9 @@ class ServerMetrics:
 
     def judge_readiness(self, ready: bool) -> None:
         self.judge_ready.set(1 if ready else 0)
+
+    def store_availability(self, available: bool) -> None:
+        self.store_up.set(1 if available else 0)
 
     def cohort_started(self, key: CohortKey) -> None:
         self._cohorts_started_inc()
@@ -279,6 +296,40 @@ class _StateCollector(Collector):
             "genrm_store_write_failures",
             "Store writes that failed (the calls depending on them got STORE_UNAVAILABLE).",
             stats["store_failures"],
+        )
+        if "takeovers" not in stats:
+            return
+        # Replicas on a shared store (docs/scaling.md): this replica's share of the work.
+        for name, key, documentation in (
+            (
+                "genrm_replica_takeovers",
+                "takeovers",
+                "Evaluations this replica took over after another replica's lease expired.",
+            ),
+            (
+                "genrm_replica_leases_lost",
+                "leases_lost",
+                "Evaluation leases this replica lost (renewal refused or Redis unreachable "
+                "past the lease): it stopped judging that cohort.",
+            ),
+            (
+                "genrm_replica_lease_renewals",
+                "lease_renewals",
+                "Evaluation lease renewals by this replica.",
+            ),
+            ("genrm_replica_group_commits", "group_commits", "Group commits this replica sent."),
+            (
+                "genrm_replica_commit_conflicts",
+                "commit_conflicts",
+                "Group commits refused because another replica changed the group first "
+                "(decided again on the new state).",
+            ),
+        ):
+            yield _counter(name, documentation, stats[key])
+        yield _gauge(
+            "genrm_replica_evaluating",
+            "Cohorts this replica is evaluating under its lease.",
+            stats["evaluating_here"],
         )
 
 

@@ -261,9 +261,15 @@ class _Live:
     resumed: int = 0
     #: A write carrying its header or a member failed: a resend writes them again.
     unwritten: bool = False
+    #: Replicas: the evaluation lease this process judges the cohort under.
+    lease: Any = None
 
 
 class CohortRuntime:
+    #: Decisions are taken here, synchronously, on this process's registry. Replicas
+    #: sharing a store (``ReplicaRuntime``) read the group first: ``submit_shared``.
+    decides_locally = True
+
     def __init__(
         self,
         registry: CohortRegistry,
@@ -353,6 +359,16 @@ class CohortRuntime:
         for ended in decision.ended:
             self._publish(ended, write)
         return self._execute(sub, decision, write, on_progress)
+
+    async def submit_shared(
+        self, sub: Submission, *, on_progress: ProgressCallback | None = None
+    ) -> Ticket:
+        """The same decision as :meth:`submit`, for callers that may await it."""
+        return self.submit(sub, on_progress=on_progress)
+
+    async def view(self, key: CohortKey) -> tuple[CohortRegistry, float]:
+        """A registry that answers queries about ``key``'s group, and its ``now``."""
+        return self.registry, self._clock.now()
 
     def cancel_cohort(self, key: CohortKey, reason: str) -> bool:
         """Fail an active cohort now (operator action); its judge tasks are cancelled."""
@@ -732,7 +748,8 @@ class CohortRuntime:
             context, first, second = question
             scope = cohort.key.group_scope
             usage = out.usage
-            self._persist(
+            self._journal(
+                live,
                 [
                     VerdictRecord(
                         cohort=cohort.key,
@@ -750,10 +767,14 @@ class CohortRuntime:
                         else (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens),
                         finished_at=time.time(),
                     )
-                ]
+                ],
             )
         self._progress(live, job)
         return _PairResult(JudgedPair(job.i, job.j, job.judge_index, out.verdict), out.usage)
+
+    def _journal(self, live: _Live, records: list[Record]) -> None:
+        """Journal a finished pass (the durable store's batch of this loop turn)."""
+        self._persist(records)
 
     def _progress(self, live: _Live, job: Pass) -> None:
         cohort = live.cohort

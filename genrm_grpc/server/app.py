@@ -185,14 +185,38 @@ class CohortServer:
         self._judge_monitor_task: asyncio.Task[None] | None = None
         # Every component reads its own scoped view of the one Settings: nothing copied.
         self.registry = CohortRegistry(settings, MemoryStore(settings))
-        self.runtime = CohortRuntime(
-            self.registry,
-            self.judge,
-            settings,
-            observer=runtime_observer,
-            store=store_from_url(settings.store),
-            judge_identity=judge_identity(settings),
-        )
+        store = store_from_url(settings.store)
+        self._judge_ready = True
+        self._store_ready = True
+        self.runtime: CohortRuntime
+        if settings.store.startswith("redis:"):
+            # Replicas sharing one Redis (docs/scaling.md); imported here so that a
+            # server on a file or in memory never loads the Redis client.
+            from genrm_grpc.runtime.replica import ReplicaRuntime
+            from genrm_grpc.store.redis import RedisStore
+            from genrm_grpc.store.shared import SharedGroups
+
+            assert isinstance(store, RedisStore)
+            shared = SharedGroups(store, lease_s=settings.replica_lease_s)
+            shared.on_round_trip = self.metrics.store_round_trip.observe
+            self.runtime = ReplicaRuntime(
+                self.registry,
+                self.judge,
+                settings,
+                shared=shared,
+                observer=runtime_observer,
+                judge_identity=judge_identity(settings),
+                on_store_health=self._store_health_changed,
+            )
+        else:
+            self.runtime = CohortRuntime(
+                self.registry,
+                self.judge,
+                settings,
+                observer=runtime_observer,
+                store=store,
+                judge_identity=judge_identity(settings),
+            )
         self.metrics.attach_runtime(self.runtime)
         interceptors: list[Any] = []
         if self.tracing is not None:
@@ -281,8 +305,21 @@ class CohortServer:
         return self.port
 
     async def _judge_readiness_changed(self, ready: bool) -> None:
-        # Only the cohort service: overall health ("") stays SERVING for liveness probes.
         self.metrics.judge_readiness(ready)
+        self._judge_ready = ready
+        await self._set_readiness()
+
+    async def _store_health_changed(self, available: bool) -> None:
+        """A shared store (Redis) went down or came back."""
+        self.metrics.store_availability(available)
+        self._store_ready = available
+        await self._set_readiness()
+
+    async def _set_readiness(self) -> None:
+        # Only the cohort service: overall health ("") stays SERVING for liveness probes.
+        if self._stopping is not None:
+            return  # draining: NOT_SERVING for good
+        ready = self._judge_ready and self._store_ready
         status = health_pb2.HealthCheckResponse
         await self.health.set(SERVICE_NAME, status.SERVING if ready else status.NOT_SERVING)
 

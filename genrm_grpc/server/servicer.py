@@ -189,6 +189,18 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             self._observer.member_result(ticket.disposition.value)
         return ticket
 
+    async def _submit_shared(
+        self, sub: Submission, on_progress: ProgressCallback | None = None
+    ) -> Ticket:
+        """``_submit`` on a replica of a shared store: the decision reads the group first."""
+        with self._tracer.submitting(sub.key):
+            ticket = await self._runtime.submit_shared(sub, on_progress=on_progress)
+        if ticket.rejection is not None:
+            self._observer.member_rejected(ticket.rejection.reason.value)
+        else:
+            self._observer.member_result(ticket.disposition.value)
+        return ticket
+
     def _wait_cap(self, context: Context) -> float | None:
         """How long a call may wait: unbounded with a client deadline, else max_call_wait_s."""
         return None if context.time_remaining() is not None else self._max_wait_s
@@ -208,7 +220,13 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         sub = self._submission(request, self.principal(context))
         if isinstance(sub, Rejection):
             await abort(context, self._rejected(sub))
-        ticket = self._submit(sub)
+        if self._runtime.decides_locally:
+            ticket = self._submit(sub)
+        else:
+            try:
+                ticket = await self._submit_shared(sub)
+            except CallInterrupted as exc:
+                await abort(context, self._interrupted(sub, exc))
         if ticket.rejection is not None:
             await abort(context, ticket.rejection)
         try:
@@ -360,11 +378,19 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         bad_ids = check_ids(coords)
         if bad_ids is not None:
             await abort(context, bad_ids)
-        registry = self._runtime.registry
-        now = self._runtime.now()
         principal = self.principal(context)  # a caller sees only its own cohorts
         latest = None
+        first = CohortKey(coords.group_id, None, coords.group_attempt or 0, principal)
+        try:
+            if coords.group_id is not None:
+                # The group's view holds its watermark and its newest attempt.
+                registry, now = await self._runtime.view(first)
+            else:
+                registry = None
+        except CallInterrupted as exc:
+            await abort(context, self._rejected(Rejection(exc.reason, exc.message)))
         if coords.group_id is not None:
+            assert registry is not None
             latest = registry.latest_attempt(coords.group_id, now, principal)
             if coords.group_attempt is None and latest is not None:
                 # Operators usually want the newest attempt when they name only the group.
@@ -374,6 +400,11 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         key = resolve_key(coords, prompt_digest(convert.prompt_from_proto(request.prompt)))
         if principal:
             key = dataclasses.replace(key, principal=principal)
+        if registry is None:
+            try:
+                registry, now = await self._runtime.view(key)
+            except CallInterrupted as exc:
+                await abort(context, self._rejected(Rejection(exc.reason, exc.message)))
         found = registry.lookup(key, now)
         if found is None:
             meta = {}
@@ -535,18 +566,61 @@ class _GroupStream:
         except Exception as exc:
             self._internal(ref, "handling a member", exc)
 
-    def _submit(self, request: pb.StreamGroupsRequest, ref: pb.MemberRef) -> None:
+    def _admit(
+        self, request: pb.StreamGroupsRequest, ref: pb.MemberRef
+    ) -> tuple[Submission, int] | None:
+        """The member and its cost when it may be submitted, else its error is queued."""
         servicer = self._servicer
         sub = servicer._submission(request.member, self._principal)
         if isinstance(sub, Rejection):
             self._error(ref, servicer._rejected(sub))
-            return
+            return None
         cost = request.member.ByteSize() + STREAM_MEMBER_OVERHEAD_BYTES
         refusal = self._over_bounds(sub, cost)
         if refusal is not None:
             self._error(ref, servicer._rejected(refusal))
+            return None
+        return sub, cost
+
+    def _submit(self, request: pb.StreamGroupsRequest, ref: pb.MemberRef) -> None:
+        admitted = self._admit(request, ref)
+        if admitted is None:
             return
-        ticket = servicer._submit(sub, self._on_progress_cb)
+        sub, cost = admitted
+        self._take(sub, ref, cost, self._servicer._submit(sub, self._on_progress_cb))
+
+    async def _handle_shared(self, request: Any) -> None:
+        """``_handle`` on a replica of a shared store: the decision is awaited, in order."""
+        if is_undecodable(request):
+            self._error(pb.MemberRef(), _undecodable_member(request))
+            return
+        ref = request.member.member
+        try:
+            admitted = self._admit(request, ref)
+            if admitted is None:
+                return
+            sub, cost = admitted
+            try:
+                ticket = await self._servicer._submit_shared(sub, self._on_progress_cb)
+            except CallInterrupted as exc:
+                self._error(ref, self._servicer._interrupted(sub, exc))
+                return
+            self._take(sub, ref, cost, ticket)
+        except RecursionError:
+            self._error(
+                ref,
+                Rejection(
+                    Reason.INVALID_MEMBER,
+                    "invalid member: nested too deeply to be processed",
+                    {"rolloutIndex": str(ref.rollout_index)},
+                    field_violations=(("candidate", "nested too deeply"),),
+                ),
+            )
+        except Exception as exc:
+            self._internal(ref, "handling a member", exc)
+
+    def _take(self, sub: Submission, ref: pb.MemberRef, cost: int, ticket: Ticket) -> None:
+        """Queue what a decided member gets: its error, a replay, or a held waiter."""
         if ticket.rejection is not None:
             self._error(ref, ticket.rejection)
             return
@@ -687,8 +761,12 @@ class _GroupStream:
     async def _read(self) -> None:
         limit = self._limits.stream_max_buffered_events
         try:
+            local = self._servicer._runtime.decides_locally
             async for request in self._requests:
-                self._handle(request)
+                if local:
+                    self._handle(request)
+                else:
+                    await self._handle_shared(request)
                 # Stop reading while the client has not taken what it is owed (queued
                 # events, and the events of members still being written): unread
                 # requests stay in gRPC's flow-control window, and the client's writes

@@ -99,6 +99,9 @@ class Lease:
     owner: str
     token: int
     valid_until: float  # time.monotonic() at which the holder must assume it is gone
+    #: The Redis key of the lease when it is not the group's ``genrm:l:{T}`` (a
+    #: replica's evaluation lease, ``genrm:e:{T}``); fenced batches check this key.
+    key: str = ""
 
     @property
     def value(self) -> str:

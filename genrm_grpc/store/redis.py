@@ -129,9 +129,19 @@ _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 #   X   2 keys cohort               forget a cohort's verdicts, in the reuse index too
 #                                   (other attempts' verdicts on a question stay)
 #
+#   I   1 key  field delta          HINCRBY (the shared active-cohort counts)
+#   Z   1 key  score member         ZADD (deadline and evaluation indexes)
+#   R   1 key  member               ZREM
+#   S   1 key  value pxat           SET with an absolute expiry (an outcome's mailbox)
+#   P   0 keys channel message      PUBLISH (after the writes before it, in the script)
+#   L   2 keys owner ms fence_ms    a new evaluation lease: INCR the fence counter, SET
+#                                   the lease "<token>:<owner>" for ms; the script
+#                                   returns that token
+#
 # The reuse index never re-encodes verdict numbers (cjson would round them): entries
-# are strings.
-_APPLY = """
+# are strings. ``apply_ops`` is shared by the store's batch script and the replicas'
+# group commit (genrm_grpc.store.shared).
+_OPS = """
 local function drop_holder(rkey, q, cohort)
   local cur = redis.call('HGET', rkey, q)
   if not cur then return end
@@ -146,8 +156,8 @@ local function drop_holder(rkey, q, cohort)
   end
 end
 
-if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-local k, a = 2, 2
+local function apply_ops(k, a)
+local token = 0
 while a <= #ARGV do
   local op = ARGV[a]
   if op == 'H' then
@@ -206,12 +216,42 @@ while a <= #ARGV do
     end
     redis.call('DEL', KEYS[k])
     k, a = k + 2, a + 2
+  elseif op == 'I' then
+    redis.call('HINCRBY', KEYS[k], ARGV[a + 1], ARGV[a + 2])
+    k, a = k + 1, a + 3
+  elseif op == 'Z' then
+    redis.call('ZADD', KEYS[k], ARGV[a + 1], ARGV[a + 2])
+    k, a = k + 1, a + 3
+  elseif op == 'R' then
+    redis.call('ZREM', KEYS[k], ARGV[a + 1])
+    k, a = k + 1, a + 2
+  elseif op == 'S' then
+    redis.call('SET', KEYS[k], ARGV[a + 1], 'PXAT', ARGV[a + 2])
+    k, a = k + 1, a + 3
+  elseif op == 'P' then
+    redis.call('PUBLISH', ARGV[a + 1], ARGV[a + 2])
+    a = a + 3
+  elseif op == 'L' then
+    token = redis.call('INCR', KEYS[k + 1])
+    redis.call('PEXPIRE', KEYS[k + 1], ARGV[a + 3])
+    redis.call('SET', KEYS[k], token .. ':' .. ARGV[a + 1], 'PX', ARGV[a + 2])
+    k, a = k + 2, a + 4
   else
-    return redis.error_reply('unknown store operation ' .. tostring(op))
+    error('unknown store operation ' .. tostring(op))
   end
 end
+return token
+end
+"""
+
+_APPLY = (
+    _OPS
+    + """
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+apply_ops(2, 2)
 return 1
 """
+)
 _APPLY_SHA = hashlib.sha1(_APPLY.encode()).hexdigest()
 
 
@@ -430,6 +470,18 @@ class RedisStore:
         )
         return recovered
 
+    async def start(self) -> None:
+        """Reach Redis and start the writer without reading the store back (replicas read
+        each group when they need it); RedisStartupError when Redis is unreachable."""
+        try:
+            await self._client.ping()
+        except (*_UNAVAILABLE, RedisError) as exc:
+            raise RedisStartupError(f"cannot reach the store {self.address}: {exc}") from exc
+        if self._writer is None and not self._closed:
+            self._writer = asyncio.get_running_loop().create_task(
+                self._run(), name="genrm-redis-writer"
+            )
+
     async def close(self) -> None:
         """Commit what is queued, then close the connections."""
         writer, self._writer = self._writer, None
@@ -597,19 +649,25 @@ class RedisStore:
 
     def _encode(self, records: Sequence[Record], lease: Lease | None) -> _Command:
         """The batch as one EVALSHA of the apply script (see _APPLY for the operations)."""
+        names, args = self.encode_ops(records)
+        return self._fenced(names, args, lease)
+
+    def encode_ops(self, records: Sequence[Record]) -> tuple[list[str], list[str | bytes | int]]:
+        """The keys and arguments of ``apply_ops`` that write ``records``."""
         keys = self._keys
         names: list[str] = []
         args: list[str | bytes | int] = []
         for record in records:
             if isinstance(record, MemberRecord):
-                member = [
-                    _coords_json(record.coords),
-                    record.digest,
-                    record.texts.reasoning,
-                    record.texts.answer,
-                ]
-                names.append(keys.cohort(record.key))
-                args += ["H", f"m:{record.coords.rollout_index}", _ascii_json(member)]
+                coords = _coords_json(record.coords)
+                member = [coords, record.digest, record.texts.reasoning, record.texts.answer]
+                slot = record.coords.rollout_index
+                name = keys.cohort(record.key)
+                # ``d:`` repeats coordinates and digest without the texts: what a replica
+                # reads to decide about a group (genrm_grpc.store.shared).
+                names += [name, name]
+                args += ["H", f"m:{slot}", _ascii_json(member)]
+                args += ["H", f"d:{slot}", _ascii_json([coords, record.digest])]
             elif isinstance(record, VerdictRecord):
                 cohort = record.cohort
                 if record.scope is not None and record.scope != cohort.group_scope:
@@ -666,13 +724,18 @@ class RedisStore:
                 args.append("D")
             else:
                 raise TypeError(f"not a store record: {record!r}")
+        return names, args
+
+    def _fenced(
+        self, names: list[str], args: list[str | bytes | int], lease: Lease | None
+    ) -> _Command:
         if lease is None:
             return ("EVALSHA", _APPLY_SHA, len(names) + 1, names[0], *names, "", *args)
-        tag = "{" + group_tag(lease.scope) + "}"
+        lease_key = lease.key or f"{self._prefix}:l:{{{group_tag(lease.scope)}}}"
+        tag = lease_key[lease_key.index("{") : lease_key.index("}") + 1]
         foreign = next((name for name in names if tag not in name), None)
         if foreign is not None:
             raise ValueError(f"a batch fenced by the lease of one group writes {foreign}")
-        lease_key = f"{self._prefix}:l:{tag}"
         return ("EVALSHA", _APPLY_SHA, len(names) + 1, lease_key, *names, lease.value, *args)
 
     # ------------------------------------------------------------------ start-up read
@@ -721,21 +784,7 @@ def _decode_all(raw: dict[str, list[tuple[bytes, Any]]], now_wall: float) -> Rec
             continue  # members without a header are not a cohort
         key_text = name.split(b"}:", 1)[1].decode()
         key = CohortKey(*json.loads(key_text))
-        seq, size, prompt, digest, phase, created, collection, evaluation, *rest = json.loads(
-            fields[b"h"]
-        )
-        header = CohortRecord(
-            key=key,
-            seq=seq,
-            group_size=size,
-            prompt=decode_prompt(json.dumps(prompt)),
-            prompt_digest=digest,
-            phase=phase,
-            created_at=created,
-            collection_deadline=collection,
-            evaluation_deadline=evaluation,
-            follows_attempt=bool(rest[0]) if rest else False,
-        )
+        header = decode_header(key, fields[b"h"])
         members = []
         for field_name, value in fields.items():
             if not field_name.startswith(b"m:"):
@@ -756,21 +805,47 @@ def _decode_all(raw: dict[str, list[tuple[bytes, Any]]], now_wall: float) -> Rec
     for _name, value in raw["t"]:
         if value is None:
             continue  # expired between SCAN and GET
-        (expires,) = _EXPIRY.unpack_from(value)
-        if expires > now_wall:
-            tombstones.append(
-                TombstoneRecord(Tombstone.from_record(value[_EXPIRY.size :]), expires)
-            )
+        tomb = decode_tombstone(value)
+        if tomb.expires_at > now_wall:
+            tombstones.append(tomb)
     tombstones.sort(key=lambda t: t.expires_at)
     watermarks: list[WatermarkRecord] = []
     for _name, value in raw["w"]:
         if value is None:
             continue
-        attempt, expires, scope = value.decode("utf-8", "surrogatepass").split(" ", 2)
-        if float(expires) > now_wall:
-            watermarks.append(WatermarkRecord(scope, int(attempt), float(expires)))
+        mark = decode_watermark(value)
+        if mark.expires_at > now_wall:
+            watermarks.append(mark)
     watermarks.sort(key=lambda w: w.expires_at)
     verdicts = tuple(
         _verdict_from(value) for _name, fields in raw["v"] for value in (fields or {}).values()
     )
     return Recovered(tuple(cohorts), tuple(tombstones), tuple(watermarks), verdicts)
+
+
+def decode_header(key: CohortKey, raw: bytes | str) -> CohortRecord:
+    """A cohort hash's ``h`` field."""
+    seq, size, prompt, digest, phase, created, collection, evaluation, *rest = json.loads(raw)
+    return CohortRecord(
+        key=key,
+        seq=seq,
+        group_size=size,
+        prompt=decode_prompt(json.dumps(prompt)),
+        prompt_digest=digest,
+        phase=phase,
+        created_at=created,
+        collection_deadline=collection,
+        evaluation_deadline=evaluation,
+        follows_attempt=bool(rest[0]) if rest else False,
+    )
+
+
+def decode_tombstone(value: bytes) -> TombstoneRecord:
+    """A ``genrm:t:`` value: its expiry, then the packed tombstone."""
+    (expires,) = _EXPIRY.unpack_from(value)
+    return TombstoneRecord(Tombstone.from_record(value[_EXPIRY.size :]), expires)
+
+
+def decode_watermark(value: bytes) -> WatermarkRecord:
+    attempt, expires, scope = value.decode("utf-8", "surrogatepass").split(" ", 2)
+    return WatermarkRecord(scope, int(attempt), float(expires))

@@ -1,0 +1,638 @@
+"""The runtime of one replica among several sharing a Redis store (docs/scaling.md).
+
+Every rule stays in the registry. What changes is where the state it decides on comes
+from: for each event a replica reads the group from Redis, restores it into a registry
+that holds only that group, applies the event there, and commits the decision's records
+with a compare-and-set on the group's version (``genrm_grpc.store.shared``). A refused
+commit means another replica changed the group meanwhile: read and decide again. So
+members of one group may reach any replica in any order and the outcome is the one a
+single process would reach.
+
+- **Batching.** Events for the same cohort key that arrive while one of its commits is in
+  flight are decided together on the next read and committed in one round trip: a
+  replica pays one read and one commit per burst, not per member.
+- **Waiters** stay on the replica that holds the call. An outcome is committed to a
+  mailbox key and its cohort's key published on the replicas' channel in the same
+  script; every replica subscribed reads the outcomes its waiters need, and reads
+  them all again after it (re)subscribes, so a message lost while disconnected costs
+  nothing.
+- **Evaluation** belongs to the replica whose commit froze the cohort; it holds the
+  cohort's evaluation lease and renews it every ``replica_lease_s``/3. Its journal
+  writes and its final commit are fenced by that lease. When the lease expires (the
+  replica died, paused or lost Redis) any replica claims it, reads the cohort and its
+  journal, and judges only the passes the journal lacks.
+- **Deadlines** live in one sorted set; every replica looks for due ones every
+  ``SWEEP_S``, and the version check lets exactly one of them end the cohort.
+- ``judge_max_concurrency`` bounds each replica's judge calls, not the deployment's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from genrm_grpc.cohort.model import (
+    Cohort,
+    CohortKey,
+    Completed,
+    Phase,
+    Reason,
+    Submission,
+    Tombstone,
+)
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
+from genrm_grpc.judge.client import JudgeFailedError
+from genrm_grpc.observability.hooks import RuntimeObserver
+from genrm_grpc.runtime.engine import (
+    START_SLICE,
+    CallInterrupted,
+    CohortRuntime,
+    JudgeBackend,
+    ProgressCallback,
+    RuntimeView,
+    Ticket,
+    Waiter,
+    _all_or_first_error,
+    _deliver,
+    _interrupt,
+    _Live,
+    store_unavailable,
+)
+from genrm_grpc.store.lease import Lease
+from genrm_grpc.store.memory import MemoryStore, StoreView
+from genrm_grpc.store.records import CohortRecord, Record, Recovered, StoreError
+from genrm_grpc.store.shared import GroupState, SharedGroups
+
+log = logging.getLogger(__name__)
+
+#: How often each replica looks for due deadlines and orphaned evaluations.
+SWEEP_S = 0.25
+#: How often a replica checks that Redis answers (health) while it does.
+STORE_CHECK_S = 1.0
+#: A commit refused this many times in a row (the group kept changing) fails the call.
+MAX_COMMIT_ATTEMPTS = 64
+#: Keys of cohorts that ended recently, to catch an end published during a decision.
+RECENT_ENDS = 4096
+
+
+class ReplicaView(RuntimeView, StoreView, Protocol):
+    @property
+    def cohort_collection_timeout_s(self) -> float: ...
+    @property
+    def cohort_evaluation_timeout_s(self) -> float: ...
+    @property
+    def max_active_cohorts(self) -> int: ...
+    @property
+    def max_active_cohorts_per_principal(self) -> int | None: ...
+    @property
+    def replica_lease_s(self) -> float: ...
+
+
+class _Stale:
+    """An index entry whose cohort is no longer active."""
+
+
+_STALE = _Stale()
+
+Decision = SubmitDecision | Ended | None
+Event = Callable[[CohortRegistry, float], Decision | _Stale]
+
+
+
+
+@dataclass(eq=False)
+class _Op:
+    event: Event
+    future: asyncio.Future[Decision | _Stale]
+
+
+class ReplicaRuntime(CohortRuntime):
+    decides_locally = False
+
+    def __init__(
+        self,
+        registry: CohortRegistry,
+        judge: JudgeBackend,
+        config: ReplicaView,
+        *,
+        shared: SharedGroups,
+        observer: RuntimeObserver | None = None,
+        judge_identity: dict[str, object] | None = None,
+        on_store_health: Callable[[bool], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(
+            registry,
+            judge,
+            config,
+            observer=observer,
+            store=shared.store,
+            judge_identity=judge_identity,
+        )
+        registry.wall_offset = 0.0
+        self.replica_config = config
+        self.shared = shared
+        self.store_available = True
+        self._on_store_health = on_store_health
+        self._queues: dict[CohortKey, list[_Op]] = {}
+        self._recent_ends: OrderedDict[CohortKey, None] = OrderedDict()
+        self._to_fetch: set[CohortKey] = set()
+        self._fetcher: asyncio.Task[None] | None = None
+        self._evaluating_here: set[CohortKey] = set()
+        self._stopping = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+        self.takeovers = 0
+        self.leases_lost = 0
+
+    # ------------------------------------------------------------------ life cycle
+    async def open(self) -> int:
+        """Reach Redis (RedisStartupError naming it when unreachable) and start the
+        replica's background work. Nothing is read back: cohorts live in Redis, and
+        orphaned evaluations and due deadlines are picked up by the sweeps."""
+        await self.shared.connect()
+        await self.shared.store.start()
+        loop = asyncio.get_running_loop()
+        for coro, name in (
+            (
+                self.shared.listen(self._on_ended, self._resubscribed, stopping=self._stopping),
+                "replica-listen",
+            ),
+            (self._sweep(), "replica-sweep"),
+            (self._watch_store(), "replica-store-health"),
+        ):
+            self._background.append(loop.create_task(coro, name=name))
+        return 0
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Drain: refuse new cohorts, let evaluations run for ``grace_s``, hand the rest
+        over to the other replicas (their leases are released), interrupt waiters."""
+        self.registry.start_draining()
+        if self._evaluating and not self._grace_over.is_set():
+            waits = [
+                asyncio.ensure_future(self._no_evaluations.wait()),
+                asyncio.ensure_future(self._grace_over.wait()),
+            ]
+            try:
+                await asyncio.wait(waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+        self._stopping.set()
+        handoffs = []
+        for key in list(self._evaluating_here):
+            live = self._live.get(key)
+            if live is not None and live.eval_task is not None:
+                live.eval_task.cancel()
+            if live is not None and isinstance(live.lease, Lease):
+                handoffs.append(self._hand_off(key, live.lease))
+        await asyncio.gather(*handoffs, return_exceptions=True)
+        interrupted = CallInterrupted(
+            Reason.SHUTTING_DOWN,
+            "this replica is shutting down; the cohort goes on in the shared store: resend "
+            "the identical member (to another replica) to reattach",
+        )
+        for live in list(self._live.values()):
+            waiters = [w for ws in live.waiters.values() for w in ws]
+            live.waiters.clear()
+            _interrupt(waiters, interrupted)
+        self._live.clear()
+        for task in [*self._background, *self._owned]:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.drain_tasks()
+        await self.flush()
+
+    async def _hand_off(self, key: CohortKey, lease: Lease) -> None:
+        try:
+            await self.shared.release(key, lease)
+        except StoreError as exc:
+            log.warning("could not hand evaluation of %s over (%s); its lease expires", key, exc)
+
+    async def flush(self) -> None:
+        return None
+
+    def stats(self) -> dict[str, int]:
+        stats = super().stats()
+        shared = self.shared.stats
+        stats.update(
+            evaluating_here=len(self._evaluating_here),
+            takeovers=shared.takeovers,
+            leases_lost=shared.leases_lost,
+            lease_renewals=shared.renewals,
+            group_commits=shared.commits,
+            commit_conflicts=shared.conflicts,
+            store_available=int(self.store_available),
+        )
+        return stats
+
+    # ------------------------------------------------------------------ deciding
+    def _scratch(self, state: GroupState) -> tuple[CohortRegistry, float]:
+        """A registry holding only ``state``'s group, and the wall-clock ``now``."""
+        now = time.time()
+        registry = CohortRegistry(self.replica_config, MemoryStore(self.replica_config))
+        registry.restore(state.recovered, now)
+        here = len(state.recovered.cohorts)
+        registry.count_elsewhere(
+            max(0, state.active_total - here),
+            {state.key.principal: max(0, state.active_principal - here)},
+        )
+        if self.registry.draining:
+            registry.start_draining()
+        return registry, now
+
+    async def _apply(self, key: CohortKey, event: Event) -> Decision | _Stale:
+        """Decide ``event`` on the group of ``key`` as Redis holds it, and commit it.
+
+        Events for one key queue while a decision about it is in flight and are decided
+        together next time (one read, one commit). Raises StoreError.
+        """
+        op = _Op(event, asyncio.get_running_loop().create_future())
+        queue = self._queues.get(key)
+        if queue is not None:
+            queue.append(op)
+        else:
+            self._queues[key] = [op]
+            self._own(self._drain(key), name=f"decide {key}")
+        return await op.future
+
+    async def _drain(self, key: CohortKey) -> None:
+        while True:
+            ops = self._queues.get(key)
+            if not ops:
+                self._queues.pop(key, None)
+                return
+            self._queues[key] = []
+            try:
+                await self._decide(key, ops, None)
+            except BaseException as exc:
+                for op in ops:
+                    if not op.future.done():
+                        op.future.set_exception(
+                            exc if isinstance(exc, Exception) else StoreError("cancelled")
+                        )
+                        op.future.exception()
+                if not isinstance(exc, Exception):
+                    self._queues.pop(key, None)
+                    raise
+
+    async def _decide(self, key: CohortKey, ops: list[_Op], fence: Lease | None) -> bool:
+        """Read, decide every op, commit; again while the group changed underneath.
+
+        Returns False when ``fence`` was no longer the evaluation's lease (nothing written).
+        """
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            state = await self.shared.load(key)
+            registry, now = self._scratch(state)
+            decisions: list[Decision | _Stale] = []
+            records: list[Record] = []
+            ended: list[Cohort] = []
+            frozen: Cohort | None = None
+            for op in ops:
+                decision = op.event(registry, now)
+                decisions.append(decision)
+                if decision is None or isinstance(decision, _Stale):
+                    continue
+                records.extend(decision.records)
+                if isinstance(decision, SubmitDecision):
+                    ended.extend(decision.ended)
+                    if decision.frozen:
+                        frozen = decision.cohort
+                else:
+                    ended.extend(decision)
+            token = 0
+            started = [
+                r.key
+                for r in records
+                if isinstance(r, CohortRecord) and r.key not in state.active_keys
+            ]
+            if records:
+                committed = await self.shared.commit(
+                    state,
+                    records,
+                    ended=[_mailbox(cohort, now) for cohort in ended],
+                    evaluate=frozen.key if frozen is not None else None,
+                    fence=fence,
+                )
+                if committed.lease_lost:
+                    return False
+                if not committed.written:
+                    await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 20)))
+                    continue
+                token = committed.token
+            for started_key in dict.fromkeys(started):
+                self._observer.cohort_started(started_key)
+            for cohort in ended:
+                assert cohort.outcome is not None
+                self._log_outcome(cohort, cohort.outcome, self._waiting(cohort.key))
+                self._end_here(cohort.key, _mailbox(cohort, now))
+            if frozen is not None and token:
+                self._evaluate_here(frozen.key, self.shared.lease_for(frozen.key, token))
+            for op, decision in zip(ops, decisions, strict=True):
+                if not op.future.done():
+                    op.future.set_result(decision)
+            return True
+        raise StoreError(
+            f"cohort {key}: its group changed under {MAX_COMMIT_ATTEMPTS} decisions in a row"
+        )
+
+    def _waiting(self, key: CohortKey) -> int:
+        live = self._live.get(key)
+        return 0 if live is None else sum(len(w) for w in live.waiters.values())
+
+    # ------------------------------------------------------------------ API
+    def submit(self, sub: Submission, *, on_progress: ProgressCallback | None = None) -> Ticket:
+        raise RuntimeError("a replica decides after reading its group: use submit_shared")
+
+    async def submit_shared(
+        self, sub: Submission, *, on_progress: ProgressCallback | None = None
+    ) -> Ticket:
+        """Decide a member on its group as Redis holds it; raises CallInterrupted
+        (STORE_UNAVAILABLE) when Redis cannot be read or written."""
+        try:
+            decision = await self._apply(sub.key, lambda reg, now: reg.submit(sub, now))
+        except StoreError as exc:
+            self._store_failed()
+            raise store_unavailable("this member", exc) from exc
+        assert isinstance(decision, SubmitDecision)
+        ticket = Ticket(decision.disposition)
+        if decision.disposition is Disposition.REJECTED:
+            ticket.rejection = decision.rejection
+            return ticket
+        if decision.disposition is Disposition.REPLAYED:
+            ticket.replay = decision.replay
+            return ticket
+        cohort = decision.cohort
+        assert cohort is not None
+        key = cohort.key
+        live = self._live.get(key)
+        if live is None:
+            live = _Live(cohort=cohort)
+            self._live[key] = live
+        waiter = Waiter(live, sub.rollout_index, on_progress)
+        live.waiters.setdefault(sub.rollout_index, set()).add(waiter)
+        ticket.waiter = waiter
+        if key in self._recent_ends:
+            # It may have ended while this member was decided: read its outcome.
+            self._fetch(key)
+        return ticket
+
+    async def view(self, key: CohortKey) -> tuple[CohortRegistry, float]:
+        try:
+            state = await self.shared.load(key)
+        except StoreError as exc:
+            self._store_failed()
+            raise store_unavailable("this read", exc) from exc
+        return self._scratch(state)
+
+    def cancel_cohort(self, key: CohortKey, reason: str) -> bool:
+        raise RuntimeError("cancelling a cohort of a shared store is not supported")
+
+    # ------------------------------------------------------------------ outcomes
+    def _end_here(self, key: CohortKey, tomb: Tombstone) -> None:
+        """Hand an ended cohort's outcome to this replica's waiters; stop its work here."""
+        live = self._live.get(key)
+        if live is None:
+            return
+        if tomb.finished_at < live.cohort.created_at:
+            return  # an earlier cohort under the same (legacy) key
+        del self._live[key]
+        waiters = [w for ws in live.waiters.values() for w in ws]
+        live.waiters.clear()
+        current = asyncio.current_task()
+        for task in [*live.pair_tasks.values(), live.eval_task]:
+            if task is not None and task is not current and not task.done():
+                task.cancel()
+        live.pair_tasks.clear()
+        self._resume.drop(key)
+        _deliver(waiters, tomb.outcome)
+
+    def _on_ended(self, key: CohortKey) -> None:
+        self._recent_ends[key] = None
+        if len(self._recent_ends) > RECENT_ENDS:
+            self._recent_ends.popitem(last=False)
+        if key in self._live:
+            self._fetch(key)
+
+    async def _resubscribed(self) -> None:
+        # Messages published while this replica was not subscribed are gone: read every
+        # outcome it waits for, and forget cohorts nobody here waits for any more.
+        for key, live in list(self._live.items()):
+            if not live.waiters and key not in self._evaluating_here:
+                del self._live[key]
+            else:
+                self._fetch(key)
+
+    def _fetch(self, key: CohortKey) -> None:
+        self._to_fetch.add(key)
+        if self._fetcher is None or self._fetcher.done():
+            self._fetcher = self._own(self._fetch_outcomes(), name="replica-outcomes")
+
+    async def _fetch_outcomes(self) -> None:
+        while self._to_fetch and not self._stopping.is_set():
+            keys, self._to_fetch = self._to_fetch, set()
+            try:
+                found = await self.shared.outcomes(keys)
+            except StoreError as exc:
+                log.warning("could not read outcomes (%s); trying again", exc)
+                self._to_fetch |= keys
+                await asyncio.sleep(SWEEP_S)
+                continue
+            for key, tomb in found.items():
+                self._end_here(key, tomb)
+
+    # ------------------------------------------------------------------ evaluation
+    def _evaluate_here(self, key: CohortKey, lease: Lease) -> None:
+        if key in self._evaluating_here:
+            return
+        self._evaluating_here.add(key)
+        self._evaluating += 1
+        self._no_evaluations.clear()
+        task = self._own(self._evaluation(key, lease), name=f"evaluate {key}")
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._evaluating_here.discard(key)
+            self._evaluation_ended()
+
+        task.add_done_callback(done)
+
+    async def _evaluation(self, key: CohortKey, lease: Lease) -> None:
+        keeper: asyncio.Task[None] | None = None
+        try:
+            entry, verdicts = await self.shared.load_evaluation(key)
+            if entry is None or entry.header.phase != Phase.EVALUATING.value:
+                await self._hand_off(key, lease)
+                if entry is None:
+                    await self.shared.forget(key)
+                return
+            registry = CohortRegistry(self.replica_config, MemoryStore(self.replica_config))
+            (cohort,) = registry.restore(Recovered(cohorts=(entry,)), time.time())
+            if cohort.phase is not Phase.EVALUATING:
+                return
+            live = self._live.get(key)
+            if live is None:
+                live = _Live(cohort=cohort)
+                self._live[key] = live
+            else:
+                live.cohort = cohort
+            live.lease = lease
+            live.eval_task = asyncio.current_task()
+            self._resume.extend(verdicts)
+            keeper = self._own(self._keep_lease(live, key), name=f"lease {key}")
+            tasks = []
+            for job in self._plan.all_passes(cohort.group_size):
+                tasks.append(self._start_pair(live, job))
+                if len(tasks) % START_SLICE == 0:
+                    await asyncio.sleep(0)
+            event: Event
+            try:
+                results = await _all_or_first_error(tasks)
+            except JudgeFailedError as exc:
+                reason, reused, resumed = exc.reason, live.reused, live.resumed
+
+                def event(reg: CohortRegistry, now: float) -> Decision:
+                    active = reg.active(key)
+                    if active is None:
+                        return None
+                    return reg.judge_failed(active, reason, now, reused=reused, resumed=resumed)
+
+            else:
+                try:
+                    outcome: Completed | str = self._score(cohort, results, live)
+                except Exception as exc:
+                    log.exception("aggregation of cohort %s failed", key)
+                    outcome = f"aggregation failed: {exc}"
+
+                def event(reg: CohortRegistry, now: float) -> Decision:
+                    active = reg.active(key)
+                    if active is None:
+                        return None
+                    if isinstance(outcome, str):
+                        return reg.aggregation_failed(active, outcome, now)
+                    return reg.evaluation_finished(active, outcome, now)
+
+            op = _Op(event, asyncio.get_running_loop().create_future())
+            current = live.lease if isinstance(live.lease, Lease) else lease
+            if not await self._decide(key, [op], current):
+                log.warning("evaluation of %s was taken over; its result is dropped", key)
+        except StoreError as exc:
+            self._store_failed()
+            log.warning("evaluation of %s stopped: %s; another replica takes it over", key, exc)
+        finally:
+            if keeper is not None:
+                keeper.cancel()
+            self._resume.drop(key)
+
+    async def _keep_lease(self, live: _Live, key: CohortKey) -> None:
+        """Renew the evaluation lease every third of its life; stop the evaluation if lost."""
+        period = self.shared.lease_s / 3
+        while True:
+            await asyncio.sleep(period)
+            lease = live.lease
+            if not isinstance(lease, Lease):
+                return
+            try:
+                renewed = await self.shared.renew(key, lease)
+            except StoreError:
+                self._store_failed()
+                if time.monotonic() < lease.valid_until:
+                    continue
+                renewed = None
+            if renewed is None:
+                self.leases_lost += 1
+                log.warning("lost the evaluation lease of %s; another replica takes over", key)
+                live.lease = None
+                task = live.eval_task
+                if task is not None and not task.done():
+                    task.cancel()
+                for pair in live.pair_tasks.values():
+                    pair.cancel()
+                live.pair_tasks.clear()
+                return
+            live.lease = renewed
+
+    def _journal(self, live: _Live, records: list[Record]) -> None:
+        lease = live.lease
+        if not isinstance(lease, Lease):
+            return  # the lease is gone: whoever took over journals its own passes
+        written = self.shared.store.persist(records, lease=lease)
+        written.add_done_callback(_journal_written)
+
+    # ------------------------------------------------------------------ sweeps
+    async def _sweep(self) -> None:
+        while not self._stopping.is_set():
+            await asyncio.sleep(SWEEP_S * random.uniform(0.8, 1.2))
+            try:
+                due = await self.shared.due(time.time())
+                if due:
+                    await asyncio.gather(*(self._deadline(key) for key in due))
+                if self.registry.draining:
+                    continue
+                for key in await self.shared.orphaned(time.time()):
+                    if key in self._evaluating_here:
+                        continue
+                    lease = await self.shared.claim(key)
+                    if lease is not None:
+                        self.takeovers += 1
+                        log.info("took over the evaluation of %s", key)
+                        self._evaluate_here(key, lease)
+            except StoreError as exc:
+                self._store_failed()
+                log.debug("sweep failed: %s", exc)
+
+    async def _deadline(self, key: CohortKey) -> None:
+        def event(reg: CohortRegistry, now: float) -> Decision | _Stale:
+            cohort = reg.active(key)
+            if cohort is None:
+                return _STALE
+            if cohort.phase is Phase.COLLECTING:
+                return reg.collection_deadline(cohort, now)
+            return reg.evaluation_deadline(cohort, now)
+
+        if isinstance(await self._apply(key, event), _Stale):
+            await self.shared.forget(key)
+
+    async def _watch_store(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.shared.ping()
+                available = True
+            except StoreError:
+                available = False
+            await self._store_health(available)
+            await asyncio.sleep(STORE_CHECK_S if available else SWEEP_S)
+
+    def _store_failed(self) -> None:
+        if self.store_available:
+            self._own(self._store_health(False), name="replica-store-down")
+
+    async def _store_health(self, available: bool) -> None:
+        if available == self.store_available:
+            return
+        self.store_available = available
+        log.warning("the store %s is %s", self.shared.address, "back" if available else "down")
+        if self._on_store_health is not None:
+            await self._on_store_health(available)
+
+
+def _mailbox(cohort: Cohort, now: float) -> Tombstone:
+    """What the outcome mailbox keeps of an ended cohort: its outcome."""
+    assert cohort.outcome is not None
+    return Tombstone(
+        key=cohort.key,
+        group_size=cohort.group_size,
+        prompt_digest=cohort.prompt_digest,
+        digests={},
+        outcome=cohort.outcome,
+        finished_at=now,
+    )
+
+
+def _journal_written(written: asyncio.Future[None]) -> None:
+    if not written.cancelled() and written.exception() is not None:
+        log.warning("a journal write failed: %s", written.exception())

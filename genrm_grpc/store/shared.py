@@ -1,0 +1,631 @@
+"""Replicas sharing one Redis: what a decision reads, and the fenced commit that writes it.
+
+With ``store: redis://HOST:PORT/DB`` every replica of a deployment decides about a group
+on the group's state as Redis holds it (docs/scaling.md). This module is the Redis side
+of that protocol; the rules stay in the registry and the runtime
+(``genrm_grpc.runtime.replica``) drives them:
+
+1. **Read** (:meth:`SharedGroups.load`, one script, one round trip): the group's
+   *version* — its fencing token, raised by every commit —, its watermark, the
+   cohort under the member's key and the group's newest attempt (active, with the
+   members' digests but not their texts, or their tombstones), and the deployment's
+   active-cohort counts (total and the principal's).
+2. **Decide**: the registry applies the event to that state, in a registry holding only
+   this group.
+3. **Commit** (:meth:`SharedGroups.commit`, one script, one round trip): the decision's
+   records are written only if the group's version is still the one read, and, for an
+   evaluation's result, only while the evaluator's lease is the group's current one.
+   Else nothing is written and the replica reads and decides again. The same script
+   keeps the deadline and evaluation indexes and the counts, leaves each ended cohort's
+   outcome in a *mailbox* key and publishes the cohort's key on the replicas' channel,
+   after the writes: a message always names an outcome that is already stored.
+
+A replica that paused or lost Redis therefore cannot write on a stale view: any commit
+since its read raised the version (and a taken-over evaluation changed the lease), so
+its commit is refused, and nothing it decided is published.
+
+Keys, beyond those of ``genrm_grpc.store.redis`` (same hash tag ``{T}`` per group):
+
+=========================  ========  ================================================
+``genrm:g:{T}``            string    the group's version (fencing token of commits)
+``genrm:e:{T}``            string    the evaluation lease ``<token>:<owner>`` (``PX``)
+``genrm:x:{T}``            string    the evaluation leases' fencing counter
+``genrm:o:{T}:<key>``      string    an ended cohort's outcome (its packed tombstone),
+                                     for waiters on other replicas; short TTL
+``genrm:dl``               zset      active cohort → its next deadline (ms)
+``genrm:ev``               zset      evaluating cohort → its lease's expiry (ms)
+``genrm:n``                hash      active cohorts: ``*`` in all, ``p:<principal>``
+channel ``genrm:ended``              the key of every cohort that ended
+=========================  ========  ================================================
+
+``genrm:dl``, ``genrm:ev`` and ``genrm:n`` are deployment-wide keys, outside the group's
+hash slot: on a single Redis (primary + replicas) a commit is one script; a Redis
+Cluster would need them per shard, which is not built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from genrm_grpc.cohort.model import CohortKey, Tombstone
+from genrm_grpc.scoring.types import AnswerTexts
+from genrm_grpc.store.lease import Lease
+from genrm_grpc.store.records import (
+    CohortRecord,
+    DropCohort,
+    MemberRecord,
+    Record,
+    Recovered,
+    RecoveredCohort,
+    StoreError,
+    TombstoneRecord,
+    VerdictRecord,
+    decode_coords,
+)
+from genrm_grpc.store.redis import (
+    _OPS,
+    RedisStartupError,
+    RedisStore,
+    RedisUnavailableError,
+    _ascii_json,
+    _cohort_tag,
+    _key_text,
+    _verdict_from,
+    decode_header,
+    decode_tombstone,
+    decode_watermark,
+)
+
+log = logging.getLogger(__name__)
+
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+
+#: How long an ended cohort's outcome stays in its mailbox for other replicas' waiters
+#: (an explicit cohort's tombstone outlives it; a completed legacy cohort has none).
+MAILBOX_TTL_S = 600.0
+#: How long a group's version counter outlives its last commit.
+VERSION_TTL_S = 86_400.0
+
+# KEYS: version, watermark, counts, cohort K, tombstone K.
+# ARGV: cohort key head and tombstone key head for the newest attempt, the key tail,
+#       K's attempt, the principal's count field.
+# Returns {version, watermark, total, principal's, K's fields, K's tombstone,
+#          newest attempt, its fields, its tombstone}; fields are the header ``h`` and
+#          the members' ``d:`` (digests, no texts).
+_LOAD = """
+local function digests(key)
+  local all = redis.call('HGETALL', key)
+  local kept = {}
+  for i = 1, #all, 2 do
+    local f = all[i]
+    if f == 'h' or string.sub(f, 1, 2) == 'd:' then
+      kept[#kept + 1] = f
+      kept[#kept + 1] = all[i + 1]
+    end
+  end
+  return kept
+end
+local out = {}
+out[1] = redis.call('GET', KEYS[1]) or '0'
+out[2] = redis.call('GET', KEYS[2]) or ''
+local counts = redis.call('HMGET', KEYS[3], '*', ARGV[5])
+out[3] = counts[1] or '0'
+out[4] = counts[2] or '0'
+out[5] = digests(KEYS[4])
+out[6] = redis.call('GET', KEYS[5]) or ''
+out[7] = ''
+out[8] = {}
+out[9] = ''
+local w = string.match(out[2], '^(%d+) ')
+if w and w ~= ARGV[4] then
+  out[7] = w
+  out[8] = digests(ARGV[1] .. w .. ARGV[3])
+  out[9] = redis.call('GET', ARGV[2] .. w .. ARGV[3]) or ''
+end
+return out
+"""
+
+# KEYS[1] version, KEYS[2] evaluation lease (or the version again); ARGV[1] the version
+# read, ARGV[2] the evaluator's lease value or '', ARGV[3] the version's TTL (ms); then
+# apply_ops from KEYS[3], ARGV[4]. Returns {1, lease token or 0}, {0, 0} when the group
+# changed since the read, {-1, 0} when the evaluation lease is not the one presented.
+_COMMIT = (
+    _OPS
+    + """
+if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return {0, 0} end
+if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return {-1, 0} end
+redis.call('INCR', KEYS[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local token = apply_ops(3, 4)
+return {1, token}
+"""
+)
+
+# KEYS: lease, fence counter, evaluation index. ARGV: owner, lease ms, member, expiry ms.
+# Takes an evaluation over only when nobody holds its lease.
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local tok = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], 86400000)
+redis.call('SET', KEYS[1], tok .. ':' .. ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
+return tok
+"""
+
+# KEYS: lease, evaluation index. ARGV: holder's value, lease ms, member, expiry ms.
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], 'XX', ARGV[4], ARGV[3])
+return 1
+"""
+
+# KEYS: lease, evaluation index. ARGV: holder's value, member. Hands the evaluation to
+# whichever replica looks next (its index entry is due at once).
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZADD', KEYS[2], 'XX', 0, ARGV[2])
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """A group as one read saw it: what a registry holding only this group restores."""
+
+    key: CohortKey
+    version: str
+    recovered: Recovered
+    #: Active cohorts in the deployment, and the key's principal's, this group's included.
+    active_total: int
+    active_principal: int
+
+    @property
+    def active_keys(self) -> frozenset[CohortKey]:
+        return frozenset(c.header.key for c in self.recovered.cohorts)
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """``written``: the records are in Redis. ``token``: the evaluation lease it took."""
+
+    written: bool
+    lease_lost: bool = False
+    token: int = 0
+
+
+@dataclass
+class SharedStats:
+    loads: int = 0
+    commits: int = 0
+    conflicts: int = 0
+    leases_lost: int = 0
+    takeovers: int = 0
+    renewals: int = 0
+    #: Seconds of recent round trips, for the store-latency metric (bounded).
+    latencies: list[float] = field(default_factory=list)
+
+
+class SharedGroups:
+    """One replica's access to the shared group state (on a :class:`RedisStore`'s client)."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        *,
+        lease_s: float,
+        replica: str | None = None,
+    ) -> None:
+        self.store = store
+        self.address = store.address
+        self.replica = replica or uuid.uuid4().hex[:12]
+        self.lease_s = lease_s
+        self.stats = SharedStats()
+        #: Called with the seconds of every round trip (the store-latency metric).
+        self.on_round_trip: Callable[[float], None] | None = None
+        self._client = store._client
+        self._prefix = store._prefix
+        self._keys = store._keys
+        self.channel = f"{self._prefix}:ended"
+        self._deadlines = f"{self._prefix}:dl"
+        self._evaluations = f"{self._prefix}:ev"
+        self._counts = f"{self._prefix}:n"
+        self._load = self._client.register_script(_LOAD)
+        self._commit = self._client.register_script(_COMMIT)
+        self._claim = self._client.register_script(_CLAIM)
+        self._renew = self._client.register_script(_RENEW)
+        self._release = self._client.register_script(_RELEASE)
+
+    # ------------------------------------------------------------------ keys
+    def _tagged(self, kind: str, key: CohortKey) -> str:
+        return f"{self._prefix}:{kind}:{{{_cohort_tag(key)}}}"
+
+    def version_key(self, key: CohortKey) -> str:
+        return self._tagged("g", key)
+
+    def lease_key(self, key: CohortKey) -> str:
+        return self._tagged("e", key)
+
+    def mailbox_key(self, key: CohortKey) -> str:
+        return f"{self._tagged('o', key)}:{_key_text(key)}"
+
+    # ------------------------------------------------------------------ calls
+    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            return await call
+        except _UNAVAILABLE as exc:
+            raise RedisUnavailableError(f"the store {self.address} is unreachable: {exc}") from exc
+        except RedisError as exc:
+            raise StoreError(f"the store {self.address} refused {what}: {exc}") from exc
+        finally:
+            elapsed = time.perf_counter() - started
+            samples = self.stats.latencies
+            if len(samples) >= 4096:
+                del samples[:2048]
+            samples.append(elapsed)
+            if self.on_round_trip is not None:
+                self.on_round_trip(elapsed)
+
+    async def connect(self) -> None:
+        """Reach Redis (start-up): RedisStartupError naming the address when it cannot."""
+        try:
+            await self._client.ping()
+        except (*_UNAVAILABLE, RedisError) as exc:
+            raise RedisStartupError(f"cannot reach the store {self.address}: {exc}") from exc
+
+    async def ping(self) -> None:
+        await self._call("PING", self._client.ping())
+
+    # ------------------------------------------------------------------ read
+    async def load(self, key: CohortKey) -> GroupState:
+        """The group of ``key`` as Redis holds it now (one round trip)."""
+        keys = self._keys
+        scope = key.group_scope
+        if scope is not None:
+            mark = keys.watermark(scope)
+            tag = _cohort_tag(key)
+            tail = "," + _ascii_json(key.principal) + "]"
+            middle = "[" + _ascii_json(key.group_id) + ",null,"
+            heads = [f"{self._prefix}:c:{{{tag}}}:{middle}", f"{self._prefix}:t:{{{tag}}}:{middle}"]
+        else:
+            mark = f"{self._prefix}:w:{{{_cohort_tag(key)}}}"  # never written: no watermark
+            heads, tail = ["", ""], ""
+        self.stats.loads += 1
+        raw = await self._call(
+            "a group read",
+            self._load(
+                keys=[
+                    self.version_key(key),
+                    mark,
+                    self._counts,
+                    keys.cohort(key),
+                    keys.tombstone(key),
+                ],
+                args=[*heads, tail, str(key.attempt), f"p:{key.principal}"],
+            ),
+        )
+        version, watermark, total, principal, fields, tomb, newest, newest_fields, newest_tomb = raw
+        cohorts: list[RecoveredCohort] = []
+        tombstones: list[TombstoneRecord] = []
+        watermarks = []
+        now = time.time()
+        if watermark:
+            mark_record = decode_watermark(watermark)
+            if mark_record.expires_at > now:
+                watermarks.append(mark_record)
+        for cohort_key, cohort_fields, tomb_value in (
+            (key, fields, tomb),
+            (
+                None if not newest else CohortKey(key.group_id, None, int(newest), key.principal),
+                newest_fields,
+                newest_tomb,
+            ),
+        ):
+            if cohort_key is None:
+                continue
+            cohort = _digest_cohort(cohort_key, cohort_fields)
+            if cohort is not None:
+                cohorts.append(cohort)
+            if tomb_value:
+                record = decode_tombstone(tomb_value)
+                if record.expires_at > now:
+                    tombstones.append(record)
+        return GroupState(
+            key=key,
+            version=_text(version),
+            recovered=Recovered(tuple(cohorts), tuple(tombstones), tuple(watermarks)),
+            active_total=int(total),
+            active_principal=int(principal),
+        )
+
+    async def load_evaluation(
+        self, key: CohortKey
+    ) -> tuple[RecoveredCohort | None, list[VerdictRecord]]:
+        """An evaluating cohort with its members' texts, and its journaled verdicts."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self._keys.cohort(key))
+            pipe.hgetall(self._keys.verdicts(key))
+            fields, journal = await self._call("an evaluation read", pipe.execute())
+        if not fields or b"h" not in fields:
+            return None, []
+        members = []
+        for name, value in fields.items():
+            if name.startswith(b"m:"):
+                coords, digest, reasoning, answer = json.loads(value)
+                members.append(
+                    MemberRecord(
+                        key,
+                        decode_coords(json.dumps(coords)),
+                        digest,
+                        AnswerTexts(reasoning, answer),
+                    )
+                )
+        members.sort(key=lambda m: m.coords.rollout_index)
+        header = decode_header(key, fields[b"h"])
+        verdicts = [_verdict_from(value) for value in (journal or {}).values()]
+        return RecoveredCohort(header, tuple(members)), verdicts
+
+    async def outcomes(self, keys: Iterable[CohortKey]) -> dict[CohortKey, Tombstone]:
+        """The ended cohorts among ``keys``, with their outcomes (mailbox, else tombstone)."""
+        wanted = list(keys)
+        if not wanted:
+            return {}
+        async with self._client.pipeline(transaction=False) as pipe:
+            for key in wanted:
+                pipe.get(self.mailbox_key(key))
+                pipe.get(self._keys.tombstone(key))
+            values = await self._call("an outcome read", pipe.execute())
+        found: dict[CohortKey, Tombstone] = {}
+        for index, key in enumerate(wanted):
+            mailbox, tomb = values[2 * index], values[2 * index + 1]
+            if mailbox:
+                found[key] = Tombstone.from_record(mailbox)
+            elif tomb:
+                found[key] = decode_tombstone(tomb).tombstone
+        return found
+
+    async def due(self, now: float, limit: int = 64) -> list[CohortKey]:
+        """Active cohorts whose next deadline has passed (oldest first)."""
+        raw = await self._call(
+            "a deadline scan",
+            self._client.zrangebyscore(self._deadlines, "-inf", _ms(now), start=0, num=limit),
+        )
+        return [_key_from(member) for member in raw]
+
+    async def orphaned(self, now: float, limit: int = 16) -> list[CohortKey]:
+        """Evaluating cohorts whose evaluator's lease has expired (or was handed off)."""
+        raw = await self._call(
+            "an evaluation scan",
+            self._client.zrangebyscore(self._evaluations, "-inf", _ms(now), start=0, num=limit),
+        )
+        return [_key_from(member) for member in raw]
+
+    async def forget(self, key: CohortKey) -> None:
+        """Drop a key the indexes still name but no active cohort has (a stale entry)."""
+        member = _key_text(key)
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.zrem(self._deadlines, member)
+            pipe.zrem(self._evaluations, member)
+            await self._call("an index cleanup", pipe.execute())
+
+    # ------------------------------------------------------------------ write
+    async def commit(
+        self,
+        state: GroupState,
+        records: Sequence[Record],
+        *,
+        ended: Sequence[Tombstone] = (),
+        evaluate: CohortKey | None = None,
+        fence: Lease | None = None,
+    ) -> Committed:
+        """Write ``records`` if the group is still as ``state`` read it (one round trip).
+
+        ``ended``: the outcomes of cohorts the decision ended (mailbox + message).
+        ``evaluate``: a cohort the decision froze; this replica takes its evaluation
+        lease in the same script. ``fence``: the evaluation lease the decision was made
+        under (an evaluation's result), which must still be current.
+        """
+        key = state.key
+        names, args = self.store.encode_ops(records)
+        now = time.time()
+        before = state.active_keys
+        created: set[CohortKey] = set()
+        for record in records:
+            if isinstance(record, CohortRecord):
+                member = _key_text(record.key)
+                deadline = (
+                    record.evaluation_deadline
+                    if record.phase == "evaluating" and record.evaluation_deadline is not None
+                    else record.collection_deadline
+                )
+                names.append(self._deadlines)
+                args += ["Z", _ms(deadline), member]
+                if record.key not in before and record.key not in created:
+                    created.add(record.key)
+                    names += [self._counts, self._counts]
+                    args += ["I", "*", 1, "I", f"p:{record.key.principal}", 1]
+            elif isinstance(record, DropCohort):
+                member = _key_text(record.key)
+                names += [self._deadlines, self._evaluations, self.lease_key(record.key)]
+                args += ["R", member, "R", member, "D"]
+                if record.key in before or record.key in created:
+                    names += [self._counts, self._counts]
+                    args += ["I", "*", -1, "I", f"p:{record.key.principal}", -1]
+        for tomb in ended:
+            names.append(self.mailbox_key(tomb.key))
+            args += ["S", tomb.record(), _ms(now + MAILBOX_TTL_S)]
+            args += ["P", self.channel, _key_text(tomb.key)]
+        if evaluate is not None:
+            names += [self.lease_key(evaluate), self._tagged("x", evaluate), self._evaluations]
+            args += ["L", self.replica, _ms_span(self.lease_s), _ms_span(VERSION_TTL_S)]
+            args += ["Z", _ms(now + self.lease_s), _key_text(evaluate)]
+        version_key = self.version_key(key)
+        lease_key = fence.key if fence is not None else version_key
+        self.stats.commits += 1
+        result = await self._call(
+            "a group commit",
+            self._commit(
+                keys=[version_key, lease_key, *names],
+                args=[
+                    state.version,
+                    fence.value if fence is not None else "",
+                    _ms_span(VERSION_TTL_S),
+                    *args,
+                ],
+            ),
+        )
+        status, token = int(result[0]), int(result[1])
+        if status == 0:
+            self.stats.conflicts += 1
+            return Committed(False)
+        if status == -1:
+            self.stats.leases_lost += 1
+            return Committed(False, lease_lost=True)
+        return Committed(True, token=token)
+
+    # ------------------------------------------------------------------ evaluation leases
+    def lease_for(self, key: CohortKey, token: int) -> Lease:
+        scope = key.group_scope or _key_text(key)
+        return Lease(
+            scope,
+            self.replica,
+            token,
+            time.monotonic() + self.lease_s,
+            key=self.lease_key(key),
+        )
+
+    async def claim(self, key: CohortKey) -> Lease | None:
+        """Take over an evaluation whose lease is gone; None when someone holds it."""
+        started = time.monotonic()
+        token = await self._call(
+            "a lease claim",
+            self._claim(
+                keys=[self.lease_key(key), self._tagged("x", key), self._evaluations],
+                args=[
+                    self.replica,
+                    _ms_span(self.lease_s),
+                    _key_text(key),
+                    _ms(time.time() + self.lease_s),
+                ],
+            ),
+        )
+        if token is None:
+            return None
+        self.stats.takeovers += 1
+        scope = key.group_scope or _key_text(key)
+        return Lease(
+            scope, self.replica, int(token), started + self.lease_s, key=self.lease_key(key)
+        )
+
+    async def renew(self, key: CohortKey, lease: Lease) -> Lease | None:
+        """The lease extended by ``lease_s``; None when it is no longer this replica's."""
+        started = time.monotonic()
+        renewed = await self._call(
+            "a lease renewal",
+            self._renew(
+                keys=[lease.key, self._evaluations],
+                args=[
+                    lease.value,
+                    _ms_span(self.lease_s),
+                    _key_text(key),
+                    _ms(time.time() + self.lease_s),
+                ],
+            ),
+        )
+        if int(renewed) != 1:
+            self.stats.leases_lost += 1
+            return None
+        self.stats.renewals += 1
+        return Lease(lease.scope, lease.owner, lease.token, started + self.lease_s, key=lease.key)
+
+    async def release(self, key: CohortKey, lease: Lease) -> None:
+        """Give an unfinished evaluation to the next replica that looks (a drain)."""
+        await self._call(
+            "a lease release",
+            self._release(keys=[lease.key, self._evaluations], args=[lease.value, _key_text(key)]),
+        )
+
+    # ------------------------------------------------------------------ messages
+    async def listen(
+        self,
+        on_ended: Callable[[CohortKey], None],
+        on_subscribed: Callable[[], Awaitable[None]],
+        *,
+        stopping: asyncio.Event,
+    ) -> None:
+        """Deliver the channel's messages until ``stopping``; resubscribe after a drop.
+
+        ``on_subscribed`` runs after every (re)subscription: messages published while
+        this replica was not subscribed are lost, so it re-reads what it waits for.
+        """
+        backoff = 0.05
+        while not stopping.is_set():
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                backoff = 0.05
+                await on_subscribed()
+                while not stopping.is_set():
+                    message = await pubsub.get_message(timeout=0.5)
+                    if message is not None and message.get("type") == "message":
+                        try:
+                            on_ended(_key_from(message["data"]))
+                        except (ValueError, TypeError):
+                            log.warning("ignored a malformed message on %s", self.channel)
+            except (*_UNAVAILABLE, RedisError, StoreError) as exc:
+                log.warning("lost the replicas' channel on %s: %s", self.address, exc)
+                await asyncio.sleep(backoff + random.uniform(0, backoff))
+                backoff = min(backoff * 2, 1.0)
+            finally:
+                try:
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                except (*_UNAVAILABLE, RedisError):
+                    pass
+
+
+def _digest_cohort(key: CohortKey, flat: Sequence[bytes]) -> RecoveredCohort | None:
+    """An active cohort from its ``h`` and ``d:`` fields (member texts left empty)."""
+    fields = dict(zip(flat[0::2], flat[1::2], strict=True))
+    raw = fields.get(b"h")
+    if raw is None:
+        return None
+    members = []
+    for name, value in fields.items():
+        if name.startswith(b"d:"):
+            coords, digest = json.loads(value)
+            members.append(
+                MemberRecord(key, decode_coords(json.dumps(coords)), digest, AnswerTexts("", ""))
+            )
+    members.sort(key=lambda m: m.coords.rollout_index)
+    return RecoveredCohort(decode_header(key, raw), tuple(members))
+
+
+def _key_from(member: bytes | str) -> CohortKey:
+    text = member.decode() if isinstance(member, bytes) else member
+    return CohortKey(*json.loads(text))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _ms(instant: float) -> int:
+    return max(1, int(instant * 1000))
+
+
+def _ms_span(seconds: float) -> int:
+    return max(1, int(seconds * 1000))

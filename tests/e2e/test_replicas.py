@@ -1,0 +1,367 @@
+"""Three ``genrm-grpc serve`` processes sharing one real redis-server (docs/scaling.md).
+
+Members of every group are sent round-robin across the replicas; the rewards must be
+the ones a single process gives for the same groups, with exactly one judge call per
+pass (the fake judge counts every request per pair). Failover kills replicas with
+SIGKILL at a point read from Redis itself (journaled passes, active cohorts), never
+after a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import redis
+from genrm.cohort.v1 import cohort_pb2 as pb
+from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
+from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from genrm_grpc.testing.redis_server import RedisServer
+from tests.judge.processes import FakeJudgeProcess, free_port
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])
+SIZE = 6  # circular strategy: 6 judge passes per group
+SERVICE = "genrm.cohort.v1.CohortService"
+
+
+def _member(group: str, k: int, *, attempt: int = 0) -> pb.SubmitMemberRequest:
+    ref = pb.MemberRef(rollout_index=k, group_size=SIZE, group_id=group, group_attempt=attempt)
+    answer = f"The answer is {2 + k * 7} for {group}; reasoning {'x' * (k * 13)}"
+    return pb.SubmitMemberRequest(
+        member=ref, prompt=PROMPT, candidate=pb.Candidate(output_text=answer)
+    )
+
+
+def _reason(exc: grpc.RpcError) -> str:
+    for key, value in exc.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return info.reason
+    return ""
+
+
+class Replica:
+    """``genrm-grpc serve`` on a fixed port over a store URL; kill and start again."""
+
+    def __init__(self, store: str, judge_url: str, **settings: str) -> None:
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "GENRM_STORE": store,
+            "GENRM_JUDGE__URL": judge_url,
+            "GENRM_JUDGE_MAX_CONCURRENCY": "2",
+            "GENRM_GENRM_PARSE_RETRIES": "0",
+            "GENRM_REPLICA_LEASE_S": "2",
+            **settings,
+        }
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> Replica:
+        assert self.proc is None
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "genrm_grpc.cli", "serve", "--listen", self.target],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("genrm-grpc serving on"):
+            proc.kill()
+            _, err = proc.communicate(timeout=30)
+            raise RuntimeError(f"server did not start: {line!r} {err[-3000:]}")
+        self.proc = proc
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+            self.proc = None
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    with RedisServer(appendonly=True) as server:
+        yield server
+
+
+@pytest.fixture
+def judge() -> Iterator[FakeJudgeProcess]:
+    with FakeJudgeProcess(None, "--latency-ms", "150") as process:
+        yield process
+
+
+@pytest.fixture
+def replicas(redis_server: RedisServer, judge: FakeJudgeProcess) -> Iterator[list[Replica]]:
+    started = [Replica(redis_server.url, judge.url) for _ in range(3)]
+    try:
+        for replica in started:
+            replica.start()
+        yield started
+    finally:
+        for replica in started:
+            replica.close()
+
+
+def _pair_counts(judge: FakeJudgeProcess) -> dict[str, int]:
+    return dict(judge.stats()["pairs"])
+
+
+def _until(condition: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+async def _submit(target: str, request: pb.SubmitMemberRequest, timeout: float = 60) -> Any:
+    async with grpc.aio.insecure_channel(target) as channel:
+        return await pb_grpc.CohortServiceStub(channel).SubmitMember(request, timeout=timeout)
+
+
+async def _round_robin(targets: list[str], groups: list[str]) -> dict[tuple[str, int], float]:
+    """Every member of every group through SubmitMember, member k to replica k mod n."""
+    calls = [
+        _submit(targets[(g + k) % len(targets)], _member(group, k))
+        for g, group in enumerate(groups)
+        for k in range(SIZE)
+    ]
+    replies = await asyncio.gather(*calls)
+    return {
+        (r.result.member.group_id, r.result.member.rollout_index): r.result.reward for r in replies
+    }
+
+
+async def _stream_round_robin(
+    targets: list[str], groups: list[str]
+) -> dict[tuple[str, int], float]:
+    """Every member through StreamGroups: one stream per replica, member k on stream k mod n."""
+
+    async def stream(target: str, requests: list[pb.SubmitMemberRequest]) -> list[Any]:
+        async def source() -> AsyncIterator[pb.StreamGroupsRequest]:
+            for request in requests:
+                yield pb.StreamGroupsRequest(member=request)
+
+        results = []
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = pb_grpc.CohortServiceStub(channel).StreamGroups(source(), timeout=60)
+            async for event in call:
+                if event.HasField("result"):
+                    results.append(event.result)
+                elif event.HasField("error"):
+                    raise AssertionError(f"member refused: {event.error}")
+        return results
+
+    share: list[list[pb.SubmitMemberRequest]] = [[] for _ in targets]
+    for g, group in enumerate(groups):
+        for k in range(SIZE):
+            share[(g + k) % len(targets)].append(_member(group, k))
+    streams = await asyncio.gather(*(stream(t, s) for t, s in zip(targets, share, strict=True)))
+    return {
+        (r.member.group_id, r.member.rollout_index): r.reward
+        for results in streams
+        for r in results
+    }
+
+
+async def _single_process(judge: FakeJudgeProcess, tmp_path: Path, groups: list[str]) -> Any:
+    reference = Replica(f"sqlite:///{tmp_path / 'reference.sqlite3'}", judge.url).start()
+    try:
+        return await _round_robin([reference.target], groups)
+    finally:
+        reference.close()
+
+
+async def test_members_sent_round_robin_to_three_replicas_get_the_single_process_rewards(
+    replicas: list[Replica], judge: FakeJudgeProcess, tmp_path: Path
+) -> None:
+    targets = [r.target for r in replicas]
+    unary = [f"unary-{n}" for n in range(4)]
+    streamed = [f"stream-{n}" for n in range(4)]
+    expected = await _single_process(judge, tmp_path, unary + streamed)
+    before = _pair_counts(judge)
+
+    got = await _round_robin(targets, unary)
+    got.update(await _stream_round_robin(targets, streamed))
+
+    assert got == expected
+    after = _pair_counts(judge)
+    grown = {pair: after[pair] - before.get(pair, 0) for pair in after}
+    # Exactly one judge call per pass in the deployment: 8 groups × 6 passes, each once.
+    assert sum(grown.values()) == len(unary + streamed) * SIZE
+    assert set(grown.values()) == {1}
+
+
+async def test_resends_and_replays_on_other_replicas_are_answered_from_the_shared_state(
+    replicas: list[Replica], judge: FakeJudgeProcess
+) -> None:
+    targets = [r.target for r in replicas]
+    first = await _round_robin(targets, ["g"])
+    calls_after_first = sum(_pair_counts(judge).values())
+    # Every member again, each to a replica that did not take it the first time.
+    again = await asyncio.gather(
+        *(_submit(targets[(k + 1) % 3], _member("g", k)) for k in range(SIZE))
+    )
+    assert all(r.result.replayed for r in again)
+    assert {
+        (r.result.member.group_id, r.result.member.rollout_index): r.result.reward for r in again
+    } == first
+    assert sum(_pair_counts(judge).values()) == calls_after_first  # no judge call
+    # A different answer in a taken slot conflicts on every replica.
+    conflicting = _member("g", 0)
+    conflicting.candidate.output_text = "something else"
+    with pytest.raises(grpc.RpcError) as refused:
+        await _submit(targets[2], conflicting)
+    assert _reason(refused.value) == "SLOT_CONFLICT"
+    # A newer attempt supersedes the old one wherever its members arrive.
+    newer = [_submit(targets[k % 3], _member("g", k, attempt=1)) for k in range(SIZE)]
+    replies = await asyncio.gather(*newer)
+    assert {r.result.member.group_attempt for r in replies} == {1}
+    with pytest.raises(grpc.RpcError) as old:
+        await _submit(targets[1], _member("g", 0, attempt=0))
+    assert _reason(old.value) == "ATTEMPT_SUPERSEDED"
+
+
+async def test_a_replica_killed_mid_evaluation_is_taken_over_without_judging_a_pass_twice(
+    replicas: list[Replica], judge: FakeJudgeProcess, redis_server: RedisServer
+) -> None:
+    targets = [r.target for r in replicas]
+    client = redis.Redis(port=redis_server.port)
+    members = [_member("failover", k) for k in range(SIZE)]
+    # Members 0..4 on replica 0 and 1; the last one on replica 2, which freezes the
+    # cohort and so evaluates it.
+    waiting = [
+        asyncio.ensure_future(_submit(targets[k % 2], m, timeout=90))
+        for k, m in enumerate(members[:-1])
+    ]
+    await asyncio.to_thread(
+        _until,
+        lambda: (
+            len(client.keys("genrm:c:*")) == 1
+            and len(client.hkeys(client.keys("genrm:c:*")[0])) == 1 + 2 * (SIZE - 1)
+        ),
+    )
+    evaluator = asyncio.ensure_future(_submit(targets[2], members[-1], timeout=90))
+
+    def journaled() -> int:
+        names = client.keys("genrm:v:*")
+        return 0 if not names else client.hlen(names[0])
+
+    # Two permits, 150 ms per verdict: kill once some passes are journaled, others in flight.
+    await asyncio.to_thread(_until, lambda: journaled() >= 2)
+    replicas[2].kill()
+    done_before_kill = journaled()
+    assert 2 <= done_before_kill < SIZE
+    before = _pair_counts(judge)
+    with pytest.raises(grpc.RpcError):
+        await evaluator  # its replica died
+    started = time.monotonic()
+    replies = await asyncio.gather(*waiting)  # the other replicas' callers get their rewards
+    took = time.monotonic() - started
+    assert all(not r.result.mask_sample for r in replies)
+    assert took < 2 + 5  # replica_lease_s + a few seconds
+    # The collector retries its member on another replica: replayed, same outcome.
+    retried = await _submit(targets[0], members[-1])
+    assert retried.result.replayed
+    after = _pair_counts(judge)
+    grown = {pair: after[pair] - before.get(pair, 0) for pair in after}
+    # Only passes that were not journaled were judged after the kill (in flight ones again).
+    assert sum(grown.values()) <= SIZE - done_before_kill
+    assert {r.result.judge_passes_resumed for r in replies} == {done_before_kill}
+
+
+async def test_a_replica_killed_while_cohorts_collect_loses_nothing(
+    replicas: list[Replica], judge: FakeJudgeProcess, redis_server: RedisServer
+) -> None:
+    targets = [r.target for r in replicas]
+    client = redis.Redis(port=redis_server.port)
+    first_half = [
+        asyncio.ensure_future(_submit(targets[0], _member(f"c{n}", k), timeout=90))
+        for n in range(3)
+        for k in range(SIZE // 2)
+    ]
+
+    def members_stored() -> int:
+        return sum(
+            len([f for f in client.hkeys(name) if f.startswith(b"m:")])
+            for name in client.keys("genrm:c:*")
+        )
+
+    # Kill replica 0 once Redis holds every member it took (a known point, no sleep).
+    await asyncio.to_thread(_until, lambda: members_stored() == 3 * (SIZE // 2))
+    replicas[0].kill()
+    for call in first_half:
+        with pytest.raises(grpc.RpcError):
+            await call
+    # The second halves go to the surviving replicas; the first halves are resent
+    # there too (as a collector retrying on another replica does): attached, not lost.
+    replies = await asyncio.gather(
+        *(_submit(targets[1 + (k % 2)], _member(f"c{n}", k)) for n in range(3) for k in range(SIZE))
+    )
+    assert all(not r.result.mask_sample for r in replies)
+    assert sum(_pair_counts(judge).values()) == 3 * SIZE  # one judge call per pass
+
+
+async def test_redis_stopped_mid_run_gives_typed_errors_and_health_follows_it(
+    replicas: list[Replica], judge: FakeJudgeProcess, redis_server: RedisServer
+) -> None:
+    targets = [r.target for r in replicas]
+
+    async def health(target: str) -> int:
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=5)
+            return int(reply.status)
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    first = await _round_robin(targets, ["before"])
+    assert len(first) == SIZE
+    redis_server.stop()
+    with pytest.raises(grpc.RpcError) as down:
+        await _submit(targets[0], _member("during", 0), timeout=30)
+    assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert _reason(down.value) == "STORE_UNAVAILABLE"
+    deadline = time.monotonic() + 10
+    while any([await health(t) != not_serving for t in targets]):
+        assert time.monotonic() < deadline, "health did not turn NOT_SERVING"
+        await asyncio.sleep(0.1)
+    redis_server.restart()  # same port, same AOF directory
+    deadline = time.monotonic() + 15
+    while any([await health(t) != serving for t in targets]):
+        assert time.monotonic() < deadline, "health did not turn SERVING again"
+        await asyncio.sleep(0.1)
+    after = await _round_robin(targets, ["during", "after"])
+    assert len(after) == 2 * SIZE
+    replayed = await _submit(targets[2], _member("before", 3))
+    assert replayed.result.replayed and replayed.result.reward == first[("before", 3)]
