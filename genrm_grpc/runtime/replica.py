@@ -104,8 +104,6 @@ Decision = SubmitDecision | Ended | None
 Event = Callable[[CohortRegistry, float], Decision | _Stale]
 
 
-
-
 @dataclass(eq=False)
 class _Op:
     event: Event
