@@ -262,6 +262,36 @@ class _Recorder(pb_grpc.CohortServiceServicer):  # type: ignore[misc]
         self.request = request
         return pb.CompareResponse(rewards=[1.0] * len(request.candidates))
 
+    async def SubmitMember(
+        self, request: pb.SubmitMemberRequest, context: Any
+    ) -> pb.SubmitMemberResponse:
+        self.metadata = {k: v for k, v in context.invocation_metadata()}
+        return pb.SubmitMemberResponse(result=pb.MemberResult(member=request.member, reward=0.5))
+
+
+async def test_submit_member_names_its_group_in_metadata_for_group_affine_balancers() -> None:
+    recorder = _Recorder()
+    server = grpc.aio.server()
+    pb_grpc.add_CohortServiceServicer_to_server(recorder, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with CohortClient(f"127.0.0.1:{port}") as client:
+            await client.submit_member(
+                {"group_id": "job-1/p-3", "group_attempt": 0, "rollout_index": 1, "group_size": 2},
+                "2+2?",
+                "four",
+            )
+            grouped = dict(recorder.metadata)
+            await client.submit_member(
+                {"task_index": 3, "rollout_index": 1, "group_size": 2}, "2+2?", "four"
+            )
+            legacy = dict(recorder.metadata)
+    finally:
+        await server.stop(None)
+    assert grouped["x-genrm-group-id"] == "job-1/p-3"
+    assert "x-genrm-group-id" not in legacy
+
 
 async def test_bearer_token_user_agent_and_candidate_forms_reach_the_server() -> None:
     recorder = _Recorder()

@@ -365,3 +365,23 @@ async def test_redis_stopped_mid_run_gives_typed_errors_and_health_follows_it(
     assert len(after) == 2 * SIZE
     replayed = await _submit(targets[2], _member("before", 3))
     assert replayed.result.replayed and replayed.result.reward == first[("before", 3)]
+
+
+def test_a_replica_whose_redis_is_unreachable_exits_at_start_up_naming_the_address() -> None:
+    port = free_port()  # nothing listens there
+    proc = subprocess.run(
+        [sys.executable, "-m", "genrm_grpc.cli", "serve", "--listen", "127.0.0.1:0"],
+        env={
+            **os.environ,
+            "GENRM_STORE": f"redis://:secret@127.0.0.1:{port}/0",
+            "GENRM_JUDGE_PROBE": "off",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("genrm-grpc: ")
+    assert f"redis://127.0.0.1:{port}/0" in lines[-1]
+    assert "secret" not in proc.stderr and "Traceback" not in proc.stderr

@@ -107,6 +107,10 @@ def make_candidate(candidate: CandidateLike) -> pb.Candidate:
     return pb.Candidate(responses_api_json=json.dumps(dict(candidate), ensure_ascii=False))
 
 
+
+#: Metadata key carrying a SubmitMember's ``group_id`` (for group-affine load balancing).
+GROUP_ID_METADATA = "x-genrm-group-id"
+
 class _Done:
     pass
 
@@ -225,10 +229,15 @@ class CohortClient:
     def _timeout(self, timeout: float | None) -> float | None:
         return self.default_timeout_s if timeout is None else timeout
 
-    def _call_kwargs(self, timeout: float | None) -> dict[str, Any]:
+    def _call_kwargs(self, timeout: float | None, group_id: str | None = None) -> dict[str, Any]:
+        metadata = self._metadata
+        if group_id is not None:
+            # Group affinity (docs/scaling.md): a load balancer may hash on it so that a
+            # group's members meet on one replica; correctness never depends on it.
+            metadata = (*(metadata or ()), (GROUP_ID_METADATA, group_id))
         return {
             "timeout": self._timeout(timeout),
-            "metadata": self._metadata,
+            "metadata": metadata,
             "wait_for_ready": self.options.wait_for_ready,
         }
 
@@ -283,7 +292,7 @@ class CohortClient:
     async def _unary(self, method: Any, request: Any, timeout: float | None, **ctx: Any) -> Any:
         await self.connect()
         try:
-            return await method(request, **self._call_kwargs(timeout))
+            return await method(request, **self._call_kwargs(timeout, ctx.get("group_id")))
         except grpc.RpcError as exc:
             raise CohortError.from_rpc_error(exc, **ctx) from None
 
