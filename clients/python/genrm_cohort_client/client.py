@@ -107,9 +107,9 @@ def make_candidate(candidate: CandidateLike) -> pb.Candidate:
     return pb.Candidate(responses_api_json=json.dumps(dict(candidate), ensure_ascii=False))
 
 
-
 #: Metadata key carrying a SubmitMember's ``group_id`` (for group-affine load balancing).
 GROUP_ID_METADATA = "x-genrm-group-id"
+
 
 class _Done:
     pass
