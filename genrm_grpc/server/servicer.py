@@ -485,6 +485,9 @@ class _GroupStream:
         self._groups: dict[CohortKey, list[Any]] = {}  # key → [group ref, members held]
         self._reading = True
         self._replays_pending = 0  # replays waiting for their outcome to be written
+        # Replicas on a shared store: members whose decision (a Redis read and commit) is
+        # in flight; several at once, so that a stream is not one round trip per member.
+        self._deciding: set[asyncio.Task[None]] = set()
         self._unaccepted = 0  # held members waiting to be written before "accepted"
         self._on_progress_cb = self._on_progress
         self._on_settled_cb = self._on_settled
@@ -654,7 +657,18 @@ class _GroupStream:
 
     def _backlog(self) -> int:
         """Events queued or owed: members and replays waiting for the store owe one each."""
-        return len(self._out) + self._unaccepted + self._replays_pending
+        return len(self._out) + self._unaccepted + self._replays_pending + len(self._deciding)
+
+    def _decide(self, request: Any) -> None:
+        """Start a member's shared-store decision; its events are queued when it is taken."""
+        task = asyncio.ensure_future(self._handle_shared(request))
+        self._deciding.add(task)
+        task.add_done_callback(self._decided)
+
+    def _decided(self, task: asyncio.Task[None]) -> None:
+        self._deciding.discard(task)
+        self._wake.set()
+        self._room_check()
 
     def _room_check(self) -> None:
         if not self._room.is_set() and self._backlog() < self._limits.stream_max_buffered_events:
@@ -766,7 +780,7 @@ class _GroupStream:
                 if local:
                     self._handle(request)
                 else:
-                    await self._handle_shared(request)
+                    self._decide(request)
                 # Stop reading while the client has not taken what it is owed (queued
                 # events, and the events of members still being written): unread
                 # requests stay in gRPC's flow-control window, and the client's writes
@@ -791,7 +805,12 @@ class _GroupStream:
                         self._room.set()
                     await write(event)
                     continue
-                if reader.done() and not self._held and not self._replays_pending:
+                if (
+                    reader.done()
+                    and not self._held
+                    and not self._replays_pending
+                    and not self._deciding
+                ):
                     reader.result()  # re-raise a broken request stream
                     return
                 self._wake.clear()
@@ -800,6 +819,10 @@ class _GroupStream:
             # The client went away or the stream ended: drop our waiters only (the
             # members stay in their cohorts) and give back what this stream held.
             reader.cancel()
+            deciding = list(self._deciding)
+            for task in deciding:
+                task.cancel()  # a decision already committed stands; no waiter is made
+            await asyncio.gather(*deciding, return_exceptions=True)
             held, self._held = list(self._held.values()), {}
             for entry in held:
                 self._release(entry)

@@ -471,6 +471,24 @@ def test_max_active_cohorts_is_capacity_exhausted_for_new_cohorts_only() -> None
     assert reg.submit(sub(0, gid="b"), T0).disposition is Disposition.ACCEPTED
 
 
+def test_cohorts_counted_elsewhere_share_the_capacity_and_the_principal_quota() -> None:
+    """Replicas decide about one group in a registry holding only it: the deployment's
+    other active cohorts are counted in, so the limits mean the same as in one process."""
+    reg, _ = registry(max_active=3)
+    reg.count_elsewhere(2, {"": 1})
+    assert reg.submit(sub(0, gid="a"), T0).disposition is Disposition.ACCEPTED
+    full = rejected(reg.submit(sub(0, gid="b"), T0), Reason.CAPACITY_EXHAUSTED)
+    assert "max_active_cohorts=3" in full.message
+    # A new attempt of a group held here replaces it: still within the bound.
+    renewed = reg.submit(sub(0, gid="a", attempt=1, text="again"), T0 + 1)
+    assert renewed.disposition is Disposition.ACCEPTED
+    quota = Settings(max_active_cohorts=100, max_active_cohorts_per_principal=2)
+    scoped = CohortRegistry(quota, MemoryStore(quota))
+    scoped.count_elsewhere(5, {"": 2, "other": 0})
+    refused = rejected(scoped.submit(sub(0, gid="c"), T0), Reason.CAPACITY_EXHAUSTED)
+    assert "max_active_cohorts_per_principal=2" in refused.message
+
+
 def test_draining_refuses_new_cohorts_and_slots_but_attach_and_replay_still_work() -> None:
     reg, _ = registry()
     collecting = reg.submit(sub(0, gid="c"), T0).cohort

@@ -59,7 +59,8 @@ def _reason(exc: grpc.RpcError) -> str:
 class Replica:
     """``genrm-grpc serve`` on a fixed port over a store URL; kill and start again."""
 
-    def __init__(self, store: str, judge_url: str, **settings: str) -> None:
+    def __init__(self, store: str, judge_url: str, log: Path, **settings: str) -> None:
+        self.log = log  # stderr (JSON log lines), appended to across restarts
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         self.env = {
@@ -78,7 +79,7 @@ class Replica:
         proc = subprocess.Popen(
             [sys.executable, "-m", "genrm_grpc.cli", "serve", "--listen", self.target],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self.log.open("a"),
             text=True,
             env=self.env,
         )
@@ -86,8 +87,8 @@ class Replica:
         line = proc.stdout.readline()
         if not line.startswith("genrm-grpc serving on"):
             proc.kill()
-            _, err = proc.communicate(timeout=30)
-            raise RuntimeError(f"server did not start: {line!r} {err[-3000:]}")
+            proc.wait(timeout=30)
+            raise RuntimeError(f"server did not start: {line!r} {self.log.read_text()[-3000:]}")
         self.proc = proc
         return self
 
@@ -121,8 +122,12 @@ def judge() -> Iterator[FakeJudgeProcess]:
 
 
 @pytest.fixture
-def replicas(redis_server: RedisServer, judge: FakeJudgeProcess) -> Iterator[list[Replica]]:
-    started = [Replica(redis_server.url, judge.url) for _ in range(3)]
+def replicas(
+    redis_server: RedisServer, judge: FakeJudgeProcess, tmp_path: Path
+) -> Iterator[list[Replica]]:
+    started = [
+        Replica(redis_server.url, judge.url, tmp_path / f"replica-{n}.log") for n in range(3)
+    ]
     try:
         for replica in started:
             replica.start()
@@ -195,7 +200,9 @@ async def _stream_round_robin(
 
 
 async def _single_process(judge: FakeJudgeProcess, tmp_path: Path, groups: list[str]) -> Any:
-    reference = Replica(f"sqlite:///{tmp_path / 'reference.sqlite3'}", judge.url).start()
+    reference = Replica(
+        f"sqlite:///{tmp_path / 'reference.sqlite3'}", judge.url, tmp_path / "reference.log"
+    ).start()
     try:
         return await _round_robin([reference.target], groups)
     finally:
@@ -385,3 +392,55 @@ def test_a_replica_whose_redis_is_unreachable_exits_at_start_up_naming_the_addre
     assert lines[-1].startswith("genrm-grpc: ")
     assert f"redis://127.0.0.1:{port}/0" in lines[-1]
     assert "secret" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+def short_deadline_replicas(
+    redis_server: RedisServer, judge: FakeJudgeProcess, tmp_path: Path
+) -> Iterator[list[Replica]]:
+    started = [
+        Replica(
+            redis_server.url,
+            judge.url,
+            tmp_path / f"replica-{n}.log",
+            GENRM_COHORT_COLLECTION_TIMEOUT_S="1.5",
+        )
+        for n in range(3)
+    ]
+    try:
+        for replica in started:
+            replica.start()
+        yield started
+    finally:
+        for replica in started:
+            replica.close()
+
+
+async def test_a_collection_deadline_fires_once_across_the_replicas(
+    short_deadline_replicas: list[Replica], tmp_path: Path
+) -> None:
+    replicas = short_deadline_replicas
+    targets = [r.target for r in replicas]
+    # Two of six members, on two replicas: the cohort can only end by its deadline.
+    calls = [_submit(targets[k], _member("late", k), timeout=30) for k in range(2)]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    for outcome in outcomes:
+        assert isinstance(outcome, grpc.RpcError)
+        assert outcome.code() == grpc.StatusCode.ABORTED
+        assert _reason(outcome) == "COHORT_FAILED"
+        assert "collection deadline expired" in (outcome.details() or "")
+    # Every replica swept for it; exactly one ended it (one outcome line in all logs).
+    for replica in replicas:
+        replica.close()
+    ended = [
+        line
+        for replica in replicas
+        for line in replica.log.read_text().splitlines()
+        if '"cohort failed"' in line and "late" in line
+    ]
+    assert len(ended) == 1
+    # A member sent after the deadline gets the recorded failure from any replica.
+    replicas[2].start()
+    with pytest.raises(grpc.RpcError) as late:
+        await _submit(targets[2], _member("late", 4), timeout=30)
+    assert _reason(late.value) == "COHORT_FAILED"

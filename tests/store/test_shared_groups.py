@@ -1,0 +1,153 @@
+"""The replicas' group read and fenced group commit, against a real redis-server.
+
+Two ``SharedGroups`` on one Redis stand for two replicas. Each test drives the
+interleaving by hand (read here, commit there), so the races are deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from genrm_grpc.cohort.model import CohortKey, Masked, Tombstone
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition
+from genrm_grpc.config import Settings
+from genrm_grpc.store.memory import MemoryStore
+from genrm_grpc.store.redis import RedisStore
+from genrm_grpc.store.shared import GroupState, SharedGroups
+from tests.cohort.support import sub
+
+SETTINGS = Settings(store="memory://", cohort_collection_timeout_s=60.0)
+
+
+async def _replica(url: str, lease_s: float = 5.0) -> SharedGroups:
+    store = RedisStore(url)
+    shared = SharedGroups(store, lease_s=lease_s)
+    await shared.connect()
+    await store.start()
+    return shared
+
+
+def _decide(state: GroupState) -> tuple[CohortRegistry, float]:
+    registry = CohortRegistry(SETTINGS, MemoryStore(SETTINGS))
+    now = time.time()
+    registry.restore(state.recovered, now)
+    return registry, now
+
+
+async def test_a_commit_on_a_stale_read_is_refused_and_writes_nothing(redis_url: str) -> None:
+    one, two = await _replica(redis_url), await _replica(redis_url)
+    try:
+        key = sub(0).key
+        seen_by_one = await one.load(key)
+        seen_by_two = await two.load(key)
+        reg_two, now = _decide(seen_by_two)
+        accepted = reg_two.submit(sub(0), now)
+        assert (await two.commit(seen_by_two, accepted.records)).written
+        # Replica one decided on the state before replica two's commit: refused.
+        reg_one, now = _decide(seen_by_one)
+        other = reg_one.submit(sub(0, text="a different answer"), now)
+        assert other.disposition is Disposition.ACCEPTED  # on its stale view
+        refused = await one.commit(seen_by_one, other.records)
+        assert not refused.written and not refused.lease_lost
+        assert one.stats.conflicts == 1
+        # Read again: slot 0 holds replica two's member, so the same member conflicts.
+        fresh = await one.load(key)
+        reg_one, now = _decide(fresh)
+        assert reg_one.submit(sub(0, text="a different answer"), now).rejection is not None
+        assert fresh.active_total == 1 and fresh.active_principal == 1
+    finally:
+        await one.store.close()
+        await two.store.close()
+
+
+async def test_an_evaluation_result_under_a_lost_lease_is_refused(redis_url: str) -> None:
+    one, two = await _replica(redis_url, lease_s=0.2), await _replica(redis_url, lease_s=0.2)
+    try:
+        key = sub(0, size=1).key
+        state = await one.load(key)
+        reg, now = _decide(state)
+        frozen = reg.submit(sub(0, size=1), now)
+        assert frozen.frozen
+        taken = await one.commit(state, frozen.records, evaluate=key)
+        assert taken.written and taken.token > 0
+        lease = one.lease_for(key, taken.token)
+        assert await two.claim(key) is None  # held
+        # Replica one stops renewing (a pause); Redis expires its 200 ms lease.
+        other = None
+        deadline = time.monotonic() + 10
+        while other is None:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+            if await two.orphaned(time.time()) == [key]:
+                other = await two.claim(key)
+        assert other.token > lease.token
+        # Replica one finishes late: its result is refused, nothing is written.
+        state = await one.load(key)
+        reg, now = _decide(state)
+        cohort = reg.active(key)
+        assert cohort is not None
+        ended = reg.judge_failed(cohort, "late", now)
+        assert ended
+        late = await one.commit(state, ended.records, fence=lease)
+        assert late.lease_lost and not late.written
+        assert await one.renew(key, lease) is None
+        # The group is unchanged: still evaluating, under replica two's lease.
+        assert (await two.load(key)).recovered.cohorts[0].header.phase == "evaluating"
+    finally:
+        await one.store.close()
+        await two.store.close()
+
+
+async def test_an_ended_cohort_leaves_its_outcome_for_other_replicas_and_a_message(
+    redis_url: str,
+) -> None:
+    one, two = await _replica(redis_url), await _replica(redis_url)
+    client = two.store._client
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(two.channel)
+    try:
+        key = CohortKey("g", None, 0)
+        state = await one.load(key)
+        reg, now = _decide(state)
+        accepted = reg.submit(sub(0), now)
+        assert (await one.commit(state, accepted.records)).written
+        state = await one.load(key)
+        reg, now = _decide(state)
+        cohort = reg.active(key)
+        assert cohort is not None
+        ended = reg.fail(cohort, "cancelled by a test", now)
+        assert ended
+        outcome = Tombstone(key, 3, cohort.prompt_digest, {}, ended[0].outcome, now)  # type: ignore[arg-type]
+        assert (await one.commit(state, ended.records, ended=[outcome])).written
+        message = None
+        for _ in range(50):
+            message = await pubsub.get_message(timeout=0.1)
+            if message is not None:
+                break
+        assert message is not None and message["data"].decode().startswith('["g"')
+        found = await two.outcomes([key, CohortKey("never", None, 0)])
+        assert list(found) == [key]
+        assert not isinstance(found[key].outcome, Masked)
+        assert (await two.load(key)).active_total == 0  # the count went back down
+        assert await two.due(time.time() + 3600) == []  # and its deadline left the index
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await one.store.close()
+        await two.store.close()
+
+
+async def test_a_released_evaluation_is_due_for_takeover_at_once(redis_url: str) -> None:
+    one, two = await _replica(redis_url, lease_s=60), await _replica(redis_url, lease_s=60)
+    try:
+        key = sub(0, size=1).key
+        state = await one.load(key)
+        reg, now = _decide(state)
+        taken = await one.commit(state, reg.submit(sub(0, size=1), now).records, evaluate=key)
+        assert await two.orphaned(time.time()) == []  # a 60 s lease, just taken
+        await one.release(key, one.lease_for(key, taken.token))
+        assert await two.orphaned(time.time()) == [key]
+        assert await two.claim(key) is not None
+    finally:
+        await one.store.close()
+        await two.store.close()
