@@ -49,6 +49,7 @@ from genrm_grpc.cohort.model import (
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.observability.hooks import RuntimeObserver
+from genrm_grpc.runtime.clock import WallClock
 from genrm_grpc.runtime.engine import (
     START_SLICE,
     CallInterrupted,
@@ -79,6 +80,9 @@ STORE_CHECK_S = 1.0
 MAX_COMMIT_ATTEMPTS = 64
 #: Keys of cohorts that ended recently, to catch an end published during a decision.
 RECENT_ENDS = 4096
+#: How often a replica re-reads the outcomes its waiters wait for, whatever the channel
+#: said: the channel is at-most-once, this bounds how long a lost message can delay one.
+RECHECK_S = 5.0
 
 
 class ReplicaView(RuntimeView, StoreView, Protocol):
@@ -128,11 +132,11 @@ class ReplicaRuntime(CohortRuntime):
             registry,
             judge,
             config,
+            clock=WallClock(),
             observer=observer,
             store=shared.store,
             judge_identity=judge_identity,
         )
-        registry.wall_offset = 0.0
         self.replica_config = config
         self.shared = shared
         self.store_available = True
@@ -563,8 +567,12 @@ class ReplicaRuntime(CohortRuntime):
 
     # ------------------------------------------------------------------ sweeps
     async def _sweep(self) -> None:
+        recheck = time.monotonic() + RECHECK_S
         while not self._stopping.is_set():
             await asyncio.sleep(SWEEP_S * random.uniform(0.8, 1.2))
+            if time.monotonic() >= recheck:
+                recheck = time.monotonic() + RECHECK_S
+                await self._resubscribed()
             try:
                 due = await self.shared.due(time.time())
                 if due:

@@ -48,13 +48,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -231,7 +236,9 @@ class SharedGroups:
     ) -> None:
         self.store = store
         self.address = store.address
-        self.replica = replica or uuid.uuid4().hex[:12]
+        # Host and pid first, so that an operator (or a test) reading a lease sees which
+        # process holds it; the nonce tells apart a restarted process with the same pid.
+        self.replica = replica or f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self.lease_s = lease_s
         self.stats = SharedStats()
         #: Called with the seconds of every round trip (the store-latency metric).
@@ -572,9 +579,27 @@ class SharedGroups:
         ``on_subscribed`` runs after every (re)subscription: messages published while
         this replica was not subscribed are lost, so it re-reads what it waits for.
         """
+        # A connection of its own, without redis-py's transparent retry: a subscriber
+        # whose connection was cut must learn it (and re-read), not be reconnected
+        # silently with the messages of the gap lost.
+        listener = aioredis.Redis.from_url(
+            self.store.url, socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            await self._listen(listener, on_ended, on_subscribed, stopping)
+        finally:
+            await listener.aclose()
+
+    async def _listen(
+        self,
+        listener: aioredis.Redis,
+        on_ended: Callable[[CohortKey], None],
+        on_subscribed: Callable[[], Awaitable[None]],
+        stopping: asyncio.Event,
+    ) -> None:
         backoff = 0.05
         while not stopping.is_set():
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            pubsub = listener.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.channel)
                 backoff = 0.05

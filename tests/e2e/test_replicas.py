@@ -24,6 +24,7 @@ import pytest
 import redis
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
+from genrm_cohort_client import ChannelOptions, CohortClient, RetryPolicy
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -262,49 +263,56 @@ async def test_resends_and_replays_on_other_replicas_are_answered_from_the_share
 async def test_a_replica_killed_mid_evaluation_is_taken_over_without_judging_a_pass_twice(
     replicas: list[Replica], judge: FakeJudgeProcess, redis_server: RedisServer
 ) -> None:
-    targets = [r.target for r in replicas]
     client = redis.Redis(port=redis_server.port)
-    members = [_member("failover", k) for k in range(SIZE)]
-    # Members 0..4 on replica 0 and 1; the last one on replica 2, which freezes the
-    # cohort and so evaluates it.
-    waiting = [
-        asyncio.ensure_future(_submit(targets[k % 2], m, timeout=90))
-        for k, m in enumerate(members[:-1])
-    ]
-    await asyncio.to_thread(
-        _until,
-        lambda: (
-            len(client.keys("genrm:c:*")) == 1
-            and len(client.hkeys(client.keys("genrm:c:*")[0])) == 1 + 2 * (SIZE - 1)
-        ),
-    )
-    evaluator = asyncio.ensure_future(_submit(targets[2], members[-1], timeout=90))
+    # The collector's own client over all three replicas (as behind a headless Service):
+    # round-robin per call, and its retry of an UNAVAILABLE call lands on a live replica.
+    target = "ipv4:" + ",".join(r.target for r in replicas)
+    options = ChannelOptions(extra=(("grpc.lb_policy_name", "round_robin"),))
+    retry = RetryPolicy(max_attempts=20, initial_backoff_s=0.05, max_backoff_s=0.5)
 
     def journaled() -> int:
         names = client.keys("genrm:v:*")
-        return 0 if not names else client.hlen(names[0])
+        return 0 if not names else int(client.hlen(names[0]))
 
-    # Two permits, 150 ms per verdict: kill once some passes are journaled, others in flight.
-    await asyncio.to_thread(_until, lambda: journaled() >= 2)
-    replicas[2].kill()
-    done_before_kill = journaled()
-    assert 2 <= done_before_kill < SIZE
-    before = _pair_counts(judge)
-    with pytest.raises(grpc.RpcError):
-        await evaluator  # its replica died
-    started = time.monotonic()
-    replies = await asyncio.gather(*waiting)  # the other replicas' callers get their rewards
-    took = time.monotonic() - started
-    assert all(not r.result.mask_sample for r in replies)
+    async with CohortClient(target, options=options, retry=retry) as collector:
+        calls = [
+            asyncio.ensure_future(
+                collector.submit_member(
+                    {
+                        "group_id": "failover",
+                        "group_attempt": 0,
+                        "rollout_index": k,
+                        "group_size": SIZE,
+                    },
+                    "Name a prime number.",
+                    f"The answer is {2 + k * 7}; reasoning {'x' * (k * 13)}",
+                    timeout=90,
+                )
+            )
+            for k in range(SIZE)
+        ]
+        # Two permits, 150 ms per verdict: kill the evaluator once some passes are
+        # journaled and others are in flight. The lease names the process holding it.
+        await asyncio.to_thread(_until, lambda: journaled() >= 2)
+        (lease,) = [client.get(name) for name in client.keys("genrm:e:*")]
+        pid = int(lease.decode().split(":", 1)[1].split("/")[1])
+        (evaluator,) = [r for r in replicas if r.proc is not None and r.proc.pid == pid]
+        evaluator.kill()
+        killed_at = time.monotonic()
+        done_before_kill = journaled()
+        assert 2 <= done_before_kill < SIZE
+        before = _pair_counts(judge)
+        results = await asyncio.gather(*calls)
+        took = time.monotonic() - killed_at
+    assert sorted(r.member.rollout_index for r in results) == list(range(SIZE))
+    assert all(not r.mask_sample for r in results)
     assert took < 2 + 5  # replica_lease_s + a few seconds
-    # The collector retries its member on another replica: replayed, same outcome.
-    retried = await _submit(targets[0], members[-1])
-    assert retried.result.replayed
     after = _pair_counts(judge)
     grown = {pair: after[pair] - before.get(pair, 0) for pair in after}
-    # Only passes that were not journaled were judged after the kill (in flight ones again).
+    # Only passes without a journaled verdict were judged after the kill (those in
+    # flight at the kill once more); no finished pass was judged twice.
     assert sum(grown.values()) <= SIZE - done_before_kill
-    assert {r.result.judge_passes_resumed for r in replies} == {done_before_kill}
+    assert {r.judge_passes_resumed for r in results} == {done_before_kill}
 
 
 async def test_a_replica_killed_while_cohorts_collect_loses_nothing(
@@ -444,3 +452,45 @@ async def test_a_collection_deadline_fires_once_across_the_replicas(
     with pytest.raises(grpc.RpcError) as late:
         await _submit(targets[2], _member("late", 4), timeout=30)
     assert _reason(late.value) == "COHORT_FAILED"
+
+
+async def test_waiters_get_outcomes_published_while_their_replica_was_not_listening(
+    replicas: list[Replica], redis_server: RedisServer
+) -> None:
+    """The channel is at-most-once: a replica re-reads what it waits for on resubscribing."""
+    targets = [r.target for r in replicas]
+    client = redis.Redis(port=redis_server.port)
+    waiting = [
+        asyncio.ensure_future(_submit(targets[k % 2], _member("deaf", k), timeout=60))
+        for k in range(SIZE - 1)
+    ]
+    await asyncio.to_thread(
+        _until,
+        lambda: (
+            sum(
+                len([f for f in client.hkeys(n) if f.startswith(b"m:")])
+                for n in client.keys("genrm:c:*")
+            )
+            == SIZE - 1
+        ),
+    )
+    # From before the last member until after the outcome is stored, keep cutting every
+    # subscriber's connection: the message about it reaches no replica listening.
+    stop = asyncio.Event()
+
+    def cut() -> int:
+        cuts = 0
+        while not stop.is_set():
+            cuts += int(client.client_kill_filter(_type="pubsub"))
+        return cuts
+
+    cutter = asyncio.ensure_future(asyncio.to_thread(cut))
+    last = await _submit(targets[2], _member("deaf", SIZE - 1), timeout=60)
+    await asyncio.to_thread(_until, lambda: bool(client.keys("genrm:t:*")))
+    stop.set()
+    assert await cutter > 0
+    results = await asyncio.gather(*waiting)
+    assert [r.result.reward for r in results] + [last.result.reward] != []
+    assert all(not r.result.mask_sample for r in [*results, last])
+    lost = sum(r.log.read_text().count("lost the replicas' channel") for r in replicas)
+    assert lost > 0
