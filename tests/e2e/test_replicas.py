@@ -494,3 +494,84 @@ async def test_waiters_get_outcomes_published_while_their_replica_was_not_listen
     assert all(not r.result.mask_sample for r in [*results, last])
     lost = sum(r.log.read_text().count("lost the replicas' channel") for r in replicas)
     assert lost > 0
+
+
+def _legacy_member(task: int, k: int, text: str = "") -> pb.SubmitMemberRequest:
+    ref = pb.MemberRef(rollout_index=k, group_size=SIZE, task_index=task)
+    answer = text or f"The answer is {3 + k * 5} for task {task}"
+    return pb.SubmitMemberRequest(
+        member=ref, prompt=PROMPT, candidate=pb.Candidate(output_text=answer)
+    )
+
+
+async def test_a_paused_evaluator_is_taken_over_and_its_late_result_is_never_published(
+    replicas: list[Replica], judge: FakeJudgeProcess, redis_server: RedisServer
+) -> None:
+    targets = [r.target for r in replicas]
+    client = redis.Redis(port=redis_server.port)
+    early = [
+        asyncio.ensure_future(_submit(targets[k % 2], _member("paused", k), timeout=90))
+        for k in range(SIZE - 1)
+    ]
+    await asyncio.to_thread(
+        _until,
+        lambda: (
+            sum(
+                len([f for f in client.hkeys(n) if f.startswith(b"m:")])
+                for n in client.keys("genrm:c:*")
+            )
+            == SIZE - 1
+        ),
+    )
+    on_evaluator = asyncio.ensure_future(
+        _submit(targets[2], _member("paused", SIZE - 1), timeout=90)
+    )
+    await asyncio.to_thread(_until, lambda: bool(client.keys("genrm:v:*")))
+    evaluator = replicas[2].proc
+    assert evaluator is not None
+    evaluator.send_signal(signal.SIGSTOP)  # a long GC pause, a VM migration
+    try:
+        results = await asyncio.gather(*early)  # taken over past replica_lease_s
+    finally:
+        evaluator.send_signal(signal.SIGCONT)
+    # Woken up, the old evaluator's lease is gone: it publishes nothing of its own and
+    # its caller gets the outcome the deployment published.
+    late = await on_evaluator
+    rewards = {r.result.member.rollout_index: r.result.reward for r in [*results, late]}
+    assert len(rewards) == SIZE
+    assert all(not r.result.mask_sample for r in [*results, late])
+    log = replicas[2].log.read_text()
+    assert '"cohort completed"' not in log  # it never ended the cohort
+    assert any("took over the evaluation" in r.log.read_text() for r in replicas[:2])
+    # Each pass was judged at most twice (once more only if in flight at the pause).
+    assert all(count <= 2 for count in _pair_counts(judge).values())
+
+
+async def test_legacy_cohorts_spread_over_replicas_match_a_single_process_and_stay_fenced(
+    replicas: list[Replica], judge: FakeJudgeProcess, tmp_path: Path
+) -> None:
+    targets = [r.target for r in replicas]
+    reference = Replica(
+        f"sqlite:///{tmp_path / 'legacy.sqlite3'}", judge.url, tmp_path / "legacy.log"
+    ).start()
+    try:
+        expected = await asyncio.gather(
+            *(_submit(reference.target, _legacy_member(7, k)) for k in range(SIZE))
+        )
+    finally:
+        reference.close()
+    got = await asyncio.gather(
+        *(_submit(targets[k % 3], _legacy_member(7, k)) for k in range(SIZE))
+    )
+    assert [r.result.reward for r in got] == [r.result.reward for r in expected]
+    # A legacy cohort masked by a judge failure stays fenced on every replica.
+    judge.set_faults(fail_503_rate=1.0)
+    masked = await asyncio.gather(
+        *(_submit(targets[k % 3], _legacy_member(8, k)) for k in range(SIZE))
+    )
+    assert all(r.result.mask_sample for r in masked)
+    judge.set_faults(fail_503_rate=0.0)
+    calls = sum(_pair_counts(judge).values())
+    fenced = await _submit(targets[1], _legacy_member(8, 0, text="a fresh answer"))
+    assert fenced.result.replayed and fenced.result.mask_sample
+    assert sum(_pair_counts(judge).values()) == calls
