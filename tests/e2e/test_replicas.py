@@ -258,6 +258,16 @@ async def test_resends_and_replays_on_other_replicas_are_answered_from_the_share
     with pytest.raises(grpc.RpcError) as old:
         await _submit(targets[1], _member("g", 0, attempt=0))
     assert _reason(old.value) == "ATTEMPT_SUPERSEDED"
+    # Any replica describes the group from the shared state.
+    for target in targets:
+        async with grpc.aio.insecure_channel(target) as channel:
+            info = (
+                await pb_grpc.CohortServiceStub(channel).GetCohort(
+                    pb.GetCohortRequest(member=pb.MemberRef(group_id="g")), timeout=10
+                )
+            ).cohort
+        assert info.phase == pb.COHORT_PHASE_COMPLETED
+        assert info.latest_attempt == 1 and len(info.present_indices) == SIZE
 
 
 async def test_a_replica_killed_mid_evaluation_is_taken_over_without_judging_a_pass_twice(
