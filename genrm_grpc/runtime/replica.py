@@ -291,12 +291,17 @@ class ReplicaRuntime(CohortRuntime):
         for attempt in range(MAX_COMMIT_ATTEMPTS):
             state = await self.shared.load(key)
             registry, now = self._scratch(state)
-            decisions: list[Decision | _Stale] = []
+            decisions: list[Decision | _Stale | Exception] = []
             records: list[Record] = []
             ended: list[Cohort] = []
             frozen: Cohort | None = None
             for op in ops:
-                decision = op.event(registry, now)
+                try:
+                    decision = op.event(registry, now)
+                except Exception as exc:  # one member's bug must not fail its neighbours
+                    log.exception("deciding an event of cohort %s failed", key)
+                    decisions.append(exc)
+                    continue
                 decisions.append(decision)
                 if decision is None or isinstance(decision, _Stale):
                     continue
@@ -335,9 +340,14 @@ class ReplicaRuntime(CohortRuntime):
                 self._end_here(cohort.key, _mailbox(cohort, now))
             if frozen is not None and token:
                 self._evaluate_here(frozen.key, self.shared.lease_for(frozen.key, token))
-            for op, decision in zip(ops, decisions, strict=True):
-                if not op.future.done():
-                    op.future.set_result(decision)
+            for op, result in zip(ops, decisions, strict=True):
+                if op.future.done():
+                    continue
+                if isinstance(result, Exception):
+                    op.future.set_exception(result)
+                    op.future.exception()
+                else:
+                    op.future.set_result(result)
             return True
         raise StoreError(
             f"cohort {key}: its group changed under {MAX_COMMIT_ATTEMPTS} decisions in a row"
