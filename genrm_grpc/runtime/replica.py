@@ -223,6 +223,9 @@ class ReplicaRuntime(CohortRuntime):
         stats = super().stats()
         shared = self.shared.stats
         stats.update(
+            # The deployment's active cohorts as this replica last read them (the shared
+            # counts); this process's registry holds none.
+            active_cohorts=self.shared.stats.active_seen,
             evaluating_here=len(self._evaluating_here),
             takeovers=shared.takeovers,
             leases_lost=shared.leases_lost,

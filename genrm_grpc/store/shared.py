@@ -220,6 +220,8 @@ class SharedStats:
     leases_lost: int = 0
     takeovers: int = 0
     renewals: int = 0
+    #: The deployment's active cohorts at the last group read.
+    active_seen: int = 0
     #: Seconds of recent round trips, for the store-latency metric (bounded).
     latencies: list[float] = field(default_factory=list)
 
@@ -351,6 +353,7 @@ class SharedGroups:
                 record = decode_tombstone(tomb_value)
                 if record.expires_at > now:
                     tombstones.append(record)
+        self.stats.active_seen = int(total)
         return GroupState(
             key=key,
             version=_text(version),

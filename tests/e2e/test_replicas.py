@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,7 @@ class Replica:
             "GENRM_JUDGE_MAX_CONCURRENCY": "2",
             "GENRM_GENRM_PARSE_RETRIES": "0",
             "GENRM_REPLICA_LEASE_S": "2",
+            "GENRM_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
             **settings,
         }
         self.proc: subprocess.Popen[str] | None = None
@@ -92,6 +94,17 @@ class Replica:
             raise RuntimeError(f"server did not start: {line!r} {self.log.read_text()[-3000:]}")
         self.proc = proc
         return self
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples on this replica's Prometheus endpoint."""
+        url = "http://" + self.env["GENRM_METRICS_LISTEN"] + "/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{")
+        )
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -323,6 +336,10 @@ async def test_a_replica_killed_mid_evaluation_is_taken_over_without_judging_a_p
     # flight at the kill once more); no finished pass was judged twice.
     assert sum(grown.values()) <= SIZE - done_before_kill
     assert {r.judge_passes_resumed for r in results} == {done_before_kill}
+    survivors = [r for r in replicas if r is not evaluator]
+    assert sum(r.metric("genrm_replica_takeovers_total") for r in survivors) == 1
+    assert all(r.metric("genrm_store_round_trip_seconds_count") > 0 for r in survivors)
+    assert all(r.metric("genrm_store_up") == 1 for r in survivors)
 
 
 async def test_a_replica_killed_while_cohorts_collect_loses_nothing(
