@@ -49,6 +49,9 @@ def _server(config: pathlib.Path, env: dict[str, str]) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
         text=True,
         env=env,
+        # No GENRM_STORE: the default store file lands next to the config, not in the
+        # checkout.
+        cwd=config.parent,
     )
     try:
         assert proc.stdout is not None
