@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from genrm_cohort_client import CohortClient, RetryPolicy
 from google.rpc import error_details_pb2, status_pb2
 
-from tests.judge.processes import FakeJudgeProcess, free_port
+from tests.judge.processes import FakeJudgeProcess, RestartableServer
 
 pytestmark = pytest.mark.e2e
 
@@ -59,59 +58,9 @@ def _reason(exc: grpc.RpcError) -> str:
     return ""
 
 
-class Server:
-    """``genrm-grpc serve`` on a fixed port over one store file; kill and start again."""
-
-    def __init__(self, store: Path, judge_url: str, **settings: str) -> None:
-        self.port = free_port()
-        self.target = f"127.0.0.1:{self.port}"
-        self.env = {
-            **os.environ,
-            "GENRM_STORE": f"sqlite:///{store}",
-            "GENRM_JUDGE__URL": judge_url,
-            "GENRM_JUDGE_MAX_CONCURRENCY": "2",
-            "GENRM_GENRM_PARSE_RETRIES": "0",
-            **settings,
-        }
-        self.proc: subprocess.Popen[str] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        assert self.proc is None
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "genrm_grpc.cli", "serve", "--listen", self.target],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=self.env,
-        )
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("genrm-grpc serving on"):
-            proc.kill()
-            _, err = proc.communicate(timeout=30)
-            raise RuntimeError(f"server did not start: {line!r} {err[-2000:]}")
-        self.proc = proc
-        self.starts += 1
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        self.proc = None
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=60)
-        self.proc = None
-        return code
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-            self.proc = None
+def sqlite_server(store: Path, judge_url: str, **settings: str) -> RestartableServer:
+    """The server under test: ``genrm-grpc serve`` over one SQLite file."""
+    return RestartableServer(f"sqlite:///{store}", judge_url, store.with_suffix(".log"), **settings)
 
 
 @pytest.fixture
@@ -121,8 +70,8 @@ def judge() -> Iterator[FakeJudgeProcess]:
 
 
 @pytest.fixture
-def server(tmp_path: Path, judge: FakeJudgeProcess) -> Iterator[Server]:
-    server = Server(tmp_path / "state.sqlite3", judge.url)
+def server(tmp_path: Path, judge: FakeJudgeProcess) -> Iterator[RestartableServer]:
+    server = sqlite_server(tmp_path / "state.sqlite3", judge.url)
     try:
         yield server
     finally:
@@ -134,7 +83,7 @@ def _rows(store: Path, query: str) -> list[tuple[Any, ...]]:
         return conn.execute(query).fetchall()
 
 
-def _store(server: Server) -> Path:
+def _store(server: RestartableServer) -> Path:
     return Path(server.env["GENRM_STORE"].removeprefix("sqlite:///"))
 
 
@@ -156,7 +105,7 @@ async def _submit_all(target: str, requests: list[Any], timeout: float = 60) -> 
 
 async def _uninterrupted_rewards(judge: FakeJudgeProcess, tmp_path: Path) -> list[float]:
     """The same group on a server that never crashes (its own store file)."""
-    reference = Server(tmp_path / "reference.sqlite3", judge.url)
+    reference = sqlite_server(tmp_path / "reference.sqlite3", judge.url)
     reference.start()
     try:
         replies = await _submit_all(reference.target, [_member("ref", k) for k in range(SIZE)])
@@ -170,7 +119,7 @@ def _pair_counts(judge: FakeJudgeProcess) -> dict[str, int]:
 
 
 async def test_a_kill_mid_evaluation_resumes_judging_only_the_passes_not_journaled(
-    server: Server, judge: FakeJudgeProcess, tmp_path: Path
+    server: RestartableServer, judge: FakeJudgeProcess, tmp_path: Path
 ) -> None:
     server.start()
     store = _store(server)
@@ -203,7 +152,7 @@ async def test_a_kill_mid_evaluation_resumes_judging_only_the_passes_not_journal
 
 
 async def test_a_kill_mid_collection_keeps_members_and_the_deadline_counts_time_down(
-    server: Server, judge: FakeJudgeProcess, tmp_path: Path
+    server: RestartableServer, judge: FakeJudgeProcess, tmp_path: Path
 ) -> None:
     server.env["GENRM_COHORT_COLLECTION_TIMEOUT_S"] = "600"
     server.start()
@@ -232,7 +181,7 @@ async def test_a_kill_mid_collection_keeps_members_and_the_deadline_counts_time_
 
 
 async def test_after_a_kill_replay_fencing_and_supersession_behave_as_before(
-    server: Server, judge: FakeJudgeProcess
+    server: RestartableServer, judge: FakeJudgeProcess
 ) -> None:
     server.env["GENRM_NUM_ROLLOUTS_PER_PROMPT"] = str(SIZE)
     server.start()
@@ -278,7 +227,7 @@ async def _submit_all_partial(target: str, requests: list[Any]) -> None:
 
 
 async def test_a_sigterm_drain_keeps_evaluating_work_and_the_restart_finishes_it(
-    server: Server, judge: FakeJudgeProcess, tmp_path: Path
+    server: RestartableServer, judge: FakeJudgeProcess, tmp_path: Path
 ) -> None:
     server.env["GENRM_SHUTDOWN_GRACE_S"] = "0.05"
     server.start()
@@ -317,11 +266,16 @@ def test_a_store_written_by_a_newer_server_stops_start_up_with_one_line(tmp_path
     assert "Traceback" not in proc.stderr
 
 
-def test_a_second_server_on_the_same_store_file_is_refused(server: Server, tmp_path: Path) -> None:
+def test_a_second_server_on_the_same_store_file_is_refused(
+    server: RestartableServer, tmp_path: Path
+) -> None:
     server.start()
     proc = subprocess.run(
         [sys.executable, "-m", "genrm_grpc.cli", "serve", "--listen", "127.0.0.1:0"],
-        env={**server.env, "GENRM_JUDGE_PROBE": "off"},
+        env={
+            **{k: v for k, v in server.env.items() if k != "GENRM_METRICS_LISTEN"},
+            "GENRM_JUDGE_PROBE": "off",
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -331,7 +285,7 @@ def test_a_second_server_on_the_same_store_file_is_refused(server: Server, tmp_p
 
 
 async def test_the_python_clients_own_retry_gets_every_reward_across_a_kill(
-    server: Server, judge: FakeJudgeProcess, tmp_path: Path
+    server: RestartableServer, judge: FakeJudgeProcess, tmp_path: Path
 ) -> None:
     """The collector does nothing special: CohortClient resends on UNAVAILABLE, the
     restarted server reattaches the resends, and only unjournaled passes are judged."""

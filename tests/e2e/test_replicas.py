@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from genrm_grpc.testing.redis_server import RedisServer
-from tests.judge.processes import FakeJudgeProcess, free_port
+from tests.judge.processes import FakeJudgeProcess, RestartableServer, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -58,69 +57,15 @@ def _reason(exc: grpc.RpcError) -> str:
     return ""
 
 
-class Replica:
-    """``genrm-grpc serve`` on a fixed port over a store URL; kill and start again."""
+#: Replicas in these tests renew their evaluation lease every 2/3 s; a takeover comes
+#: 2 s after a replica stops renewing.
+LEASE_S = "2"
 
-    def __init__(self, store: str, judge_url: str, log: Path, **settings: str) -> None:
-        self.log = log  # stderr (JSON log lines), appended to across restarts
-        self.port = free_port()
-        self.target = f"127.0.0.1:{self.port}"
-        self.env = {
-            **os.environ,
-            "GENRM_STORE": store,
-            "GENRM_JUDGE__URL": judge_url,
-            "GENRM_JUDGE_MAX_CONCURRENCY": "2",
-            "GENRM_GENRM_PARSE_RETRIES": "0",
-            "GENRM_REPLICA_LEASE_S": "2",
-            "GENRM_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
-            **settings,
-        }
-        self.proc: subprocess.Popen[str] | None = None
 
-    def start(self) -> Replica:
-        assert self.proc is None
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "genrm_grpc.cli", "serve", "--listen", self.target],
-            stdout=subprocess.PIPE,
-            stderr=self.log.open("a"),
-            text=True,
-            env=self.env,
-        )
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("genrm-grpc serving on"):
-            proc.kill()
-            proc.wait(timeout=30)
-            raise RuntimeError(f"server did not start: {line!r} {self.log.read_text()[-3000:]}")
-        self.proc = proc
-        return self
-
-    def metric(self, name: str) -> float:
-        """The sum of a metric's samples on this replica's Prometheus endpoint."""
-        url = "http://" + self.env["GENRM_METRICS_LISTEN"] + "/metrics"
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            text = reply.read().decode()
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{")
-        )
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        self.proc = None
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-            self.proc = None
+def replica_process(store: str, judge_url: str, log: Path, **settings: str) -> RestartableServer:
+    return RestartableServer(
+        store, judge_url, log, **{"GENRM_REPLICA_LEASE_S": LEASE_S, **settings}
+    )
 
 
 @pytest.fixture
@@ -138,9 +83,10 @@ def judge() -> Iterator[FakeJudgeProcess]:
 @pytest.fixture
 def replicas(
     redis_server: RedisServer, judge: FakeJudgeProcess, tmp_path: Path
-) -> Iterator[list[Replica]]:
+) -> Iterator[list[RestartableServer]]:
     started = [
-        Replica(redis_server.url, judge.url, tmp_path / f"replica-{n}.log") for n in range(3)
+        replica_process(redis_server.url, judge.url, tmp_path / f"replica-{n}.log")
+        for n in range(3)
     ]
     try:
         for replica in started:
@@ -214,7 +160,7 @@ async def _stream_round_robin(
 
 
 async def _single_process(judge: FakeJudgeProcess, tmp_path: Path, groups: list[str]) -> Any:
-    reference = Replica(
+    reference = replica_process(
         f"sqlite:///{tmp_path / 'reference.sqlite3'}", judge.url, tmp_path / "reference.log"
     ).start()
     try:
@@ -224,7 +170,7 @@ async def _single_process(judge: FakeJudgeProcess, tmp_path: Path, groups: list[
 
 
 async def test_members_sent_round_robin_to_three_replicas_get_the_single_process_rewards(
-    replicas: list[Replica], judge: FakeJudgeProcess, tmp_path: Path
+    replicas: list[RestartableServer], judge: FakeJudgeProcess, tmp_path: Path
 ) -> None:
     targets = [r.target for r in replicas]
     unary = [f"unary-{n}" for n in range(4)]
@@ -244,7 +190,7 @@ async def test_members_sent_round_robin_to_three_replicas_get_the_single_process
 
 
 async def test_resends_and_replays_on_other_replicas_are_answered_from_the_shared_state(
-    replicas: list[Replica], judge: FakeJudgeProcess
+    replicas: list[RestartableServer], judge: FakeJudgeProcess
 ) -> None:
     targets = [r.target for r in replicas]
     first = await _round_robin(targets, ["g"])
@@ -284,7 +230,7 @@ async def test_resends_and_replays_on_other_replicas_are_answered_from_the_share
 
 
 async def test_a_replica_killed_mid_evaluation_is_taken_over_without_judging_a_pass_twice(
-    replicas: list[Replica], judge: FakeJudgeProcess, redis_server: RedisServer
+    replicas: list[RestartableServer], judge: FakeJudgeProcess, redis_server: RedisServer
 ) -> None:
     client = redis.Redis(port=redis_server.port)
     # The collector's own client over all three replicas (as behind a headless Service):
@@ -343,7 +289,7 @@ async def test_a_replica_killed_mid_evaluation_is_taken_over_without_judging_a_p
 
 
 async def test_a_replica_killed_while_cohorts_collect_loses_nothing(
-    replicas: list[Replica], judge: FakeJudgeProcess, redis_server: RedisServer
+    replicas: list[RestartableServer], judge: FakeJudgeProcess, redis_server: RedisServer
 ) -> None:
     targets = [r.target for r in replicas]
     client = redis.Redis(port=redis_server.port)
@@ -375,7 +321,7 @@ async def test_a_replica_killed_while_cohorts_collect_loses_nothing(
 
 
 async def test_redis_stopped_mid_run_gives_typed_errors_and_health_follows_it(
-    replicas: list[Replica], judge: FakeJudgeProcess, redis_server: RedisServer
+    replicas: list[RestartableServer], judge: FakeJudgeProcess, redis_server: RedisServer
 ) -> None:
     targets = [r.target for r in replicas]
 
@@ -432,9 +378,9 @@ def test_a_replica_whose_redis_is_unreachable_exits_at_start_up_naming_the_addre
 @pytest.fixture
 def short_deadline_replicas(
     redis_server: RedisServer, judge: FakeJudgeProcess, tmp_path: Path
-) -> Iterator[list[Replica]]:
+) -> Iterator[list[RestartableServer]]:
     started = [
-        Replica(
+        replica_process(
             redis_server.url,
             judge.url,
             tmp_path / f"replica-{n}.log",
@@ -452,7 +398,7 @@ def short_deadline_replicas(
 
 
 async def test_a_collection_deadline_fires_once_across_the_replicas(
-    short_deadline_replicas: list[Replica], tmp_path: Path
+    short_deadline_replicas: list[RestartableServer], tmp_path: Path
 ) -> None:
     replicas = short_deadline_replicas
     targets = [r.target for r in replicas]
@@ -482,7 +428,7 @@ async def test_a_collection_deadline_fires_once_across_the_replicas(
 
 
 async def test_waiters_get_outcomes_published_while_their_replica_was_not_listening(
-    replicas: list[Replica], redis_server: RedisServer
+    replicas: list[RestartableServer], redis_server: RedisServer
 ) -> None:
     """The channel is at-most-once: a replica re-reads what it waits for on resubscribing."""
     targets = [r.target for r in replicas]
@@ -532,7 +478,7 @@ def _legacy_member(task: int, k: int, text: str = "") -> pb.SubmitMemberRequest:
 
 
 async def test_a_paused_evaluator_is_taken_over_and_its_late_result_is_never_published(
-    replicas: list[Replica], judge: FakeJudgeProcess, redis_server: RedisServer
+    replicas: list[RestartableServer], judge: FakeJudgeProcess, redis_server: RedisServer
 ) -> None:
     targets = [r.target for r in replicas]
     client = redis.Redis(port=redis_server.port)
@@ -575,10 +521,10 @@ async def test_a_paused_evaluator_is_taken_over_and_its_late_result_is_never_pub
 
 
 async def test_legacy_cohorts_spread_over_replicas_match_a_single_process_and_stay_fenced(
-    replicas: list[Replica], judge: FakeJudgeProcess, tmp_path: Path
+    replicas: list[RestartableServer], judge: FakeJudgeProcess, tmp_path: Path
 ) -> None:
     targets = [r.target for r in replicas]
-    reference = Replica(
+    reference = replica_process(
         f"sqlite:///{tmp_path / 'legacy.sqlite3'}", judge.url, tmp_path / "legacy.log"
     ).start()
     try:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 PY = (sys.executable, "-m", "genrm_grpc.cli")
@@ -135,3 +136,84 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class RestartableServer:
+    """``genrm-grpc serve`` on a fixed port over one store URL: SIGKILL it, start again.
+
+    Its stderr (JSON log lines) is appended to ``log`` across restarts, never a pipe
+    that a chatty server could fill. ``GENRM_METRICS_LISTEN`` is set to a port of its
+    own so that :meth:`metric` can read the Prometheus endpoint.
+    """
+
+    def __init__(self, store: str, judge_url: str, log: Path, **settings: str) -> None:
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        self.log = log
+        self.env = {
+            **os.environ,
+            "GENRM_STORE": store,
+            "GENRM_JUDGE__URL": judge_url,
+            "GENRM_JUDGE_MAX_CONCURRENCY": "2",
+            "GENRM_GENRM_PARSE_RETRIES": "0",
+            "GENRM_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
+            **settings,
+        }
+        self.proc: subprocess.Popen[str] | None = None
+        self.starts = 0
+
+    def start(self) -> RestartableServer:
+        assert self.proc is None
+        with self.log.open("a") as log:
+            proc = subprocess.Popen(
+                [*PY, "serve", "--listen", self.target],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=self.env,
+            )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("genrm-grpc serving on"):
+            proc.kill()
+            proc.wait(timeout=30)
+            raise RuntimeError(f"server did not start: {line!r} {self.log.read_text()[-3000:]}")
+        self.proc = proc
+        self.starts += 1
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no flush."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def stop(self) -> int:
+        """SIGTERM and wait for the drain; the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=60)
+        self.proc = None
+        return code
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+            self.proc = None
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples on this server's Prometheus endpoint."""
+        url = "http://" + self.env["GENRM_METRICS_LISTEN"] + "/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{")
+        )
