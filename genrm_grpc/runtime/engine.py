@@ -521,23 +521,7 @@ class CohortRuntime:
         :meth:`end_grace` (a second signal) ends the grace period at once.
         """
         self.registry.start_draining()
-        if self._evaluating and not self._grace_over.is_set():
-            waits = [
-                asyncio.ensure_future(self._no_evaluations.wait()),
-                asyncio.ensure_future(self._grace_over.wait()),
-            ]
-            try:
-                done, _ = await asyncio.wait(
-                    waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                for wait in waits:
-                    wait.cancel()
-                await asyncio.gather(*waits, return_exceptions=True)
-            if not done:
-                log.warning("shutdown grace of %gs expired with evaluations running", grace_s)
-            elif self._evaluating:
-                log.warning("shutdown grace cut short with evaluations running")
+        await self._grace(grace_s)
         if self.store.survives_restart:
             # The store keeps every active cohort: the next process resumes them.
             for cohort in self.registry.suspend_all():
@@ -550,6 +534,27 @@ class CohortRuntime:
             task.cancel()
         await self.drain_tasks()
         await self.flush()
+
+    async def _grace(self, grace_s: float) -> None:
+        """Wait until no evaluation runs, ``grace_s`` passed, or :meth:`end_grace`."""
+        if not self._evaluating or self._grace_over.is_set():
+            return
+        waits = [
+            asyncio.ensure_future(self._no_evaluations.wait()),
+            asyncio.ensure_future(self._grace_over.wait()),
+        ]
+        try:
+            done, _ = await asyncio.wait(
+                waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        if not done:
+            log.warning("shutdown grace of %gs expired with evaluations running", grace_s)
+        elif self._evaluating:
+            log.warning("shutdown grace cut short with evaluations running")
 
     async def close(self) -> None:
         """Close the store (after :meth:`shutdown`); idempotent."""

@@ -174,17 +174,7 @@ class ReplicaRuntime(CohortRuntime):
         """Drain: refuse new cohorts, let evaluations run for ``grace_s``, hand the rest
         over to the other replicas (their leases are released), interrupt waiters."""
         self.registry.start_draining()
-        if self._evaluating and not self._grace_over.is_set():
-            waits = [
-                asyncio.ensure_future(self._no_evaluations.wait()),
-                asyncio.ensure_future(self._grace_over.wait()),
-            ]
-            try:
-                await asyncio.wait(waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for wait in waits:
-                    wait.cancel()
-                await asyncio.gather(*waits, return_exceptions=True)
+        await self._grace(grace_s)
         self._stopping.set()
         handoffs = []
         for key in list(self._evaluating_here):

@@ -556,16 +556,7 @@ class _GroupStream:
         try:
             self._submit(request, ref)
         except RecursionError:
-            # Nesting deep enough to exhaust the stack is malformed input, not a bug.
-            self._error(
-                ref,
-                Rejection(
-                    Reason.INVALID_MEMBER,
-                    "invalid member: nested too deeply to be processed",
-                    {"rolloutIndex": str(ref.rollout_index)},
-                    field_violations=(("candidate", "nested too deeply"),),
-                ),
-            )
+            self._error(ref, _nested_too_deeply(ref))
         except Exception as exc:
             self._internal(ref, "handling a member", exc)
 
@@ -610,15 +601,7 @@ class _GroupStream:
                 return
             self._take(sub, ref, cost, ticket)
         except RecursionError:
-            self._error(
-                ref,
-                Rejection(
-                    Reason.INVALID_MEMBER,
-                    "invalid member: nested too deeply to be processed",
-                    {"rolloutIndex": str(ref.rollout_index)},
-                    field_violations=(("candidate", "nested too deeply"),),
-                ),
-            )
+            self._error(ref, _nested_too_deeply(ref))
         except Exception as exc:
             self._internal(ref, "handling a member", exc)
 
@@ -829,6 +812,16 @@ class _GroupStream:
                 if entry.ticket.waiter is not None:
                     entry.ticket.waiter.release()
             await asyncio.gather(reader, return_exceptions=True)
+
+
+def _nested_too_deeply(ref: pb.MemberRef) -> Rejection:
+    """Nesting deep enough to exhaust the stack is malformed input, not a bug."""
+    return Rejection(
+        Reason.INVALID_MEMBER,
+        "invalid member: nested too deeply to be processed",
+        {"rolloutIndex": str(ref.rollout_index)},
+        field_violations=(("candidate", "nested too deeply"),),
+    )
 
 
 def _undecodable_member(request: Any) -> Rejection:

@@ -783,23 +783,7 @@ def _decode_all(raw: dict[str, list[tuple[bytes, Any]]], now_wall: float) -> Rec
         if not fields or b"h" not in fields:
             continue  # members without a header are not a cohort
         key_text = name.split(b"}:", 1)[1].decode()
-        key = CohortKey(*json.loads(key_text))
-        header = decode_header(key, fields[b"h"])
-        members = []
-        for field_name, value in fields.items():
-            if not field_name.startswith(b"m:"):
-                continue
-            coords, member_digest, reasoning, answer = json.loads(value)
-            members.append(
-                MemberRecord(
-                    key,
-                    decode_coords(json.dumps(coords)),
-                    member_digest,
-                    AnswerTexts(reasoning, answer),
-                )
-            )
-        members.sort(key=lambda m: m.coords.rollout_index)
-        cohorts.append(RecoveredCohort(header, tuple(members)))
+        cohorts.append(decode_cohort(CohortKey(*json.loads(key_text)), fields))
     cohorts.sort(key=lambda c: c.header.seq)
     tombstones: list[TombstoneRecord] = []
     for _name, value in raw["t"]:
@@ -849,3 +833,18 @@ def decode_tombstone(value: bytes) -> TombstoneRecord:
 def decode_watermark(value: bytes) -> WatermarkRecord:
     attempt, expires, scope = value.decode("utf-8", "surrogatepass").split(" ", 2)
     return WatermarkRecord(scope, int(attempt), float(expires))
+
+
+def decode_cohort(key: CohortKey, fields: dict[bytes, bytes]) -> RecoveredCohort:
+    """An active cohort's hash (``h`` and the members' ``m:`` fields, texts included)."""
+    members = []
+    for name, value in fields.items():
+        if name.startswith(b"m:"):
+            coords, digest, reasoning, answer = json.loads(value)
+            members.append(
+                MemberRecord(
+                    key, decode_coords(json.dumps(coords)), digest, AnswerTexts(reasoning, answer)
+                )
+            )
+    members.sort(key=lambda m: m.coords.rollout_index)
+    return RecoveredCohort(decode_header(key, fields[b"h"]), tuple(members))

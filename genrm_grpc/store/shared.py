@@ -88,6 +88,7 @@ from genrm_grpc.store.redis import (
     _cohort_tag,
     _key_text,
     _verdict_from,
+    decode_cohort,
     decode_header,
     decode_tombstone,
     decode_watermark,
@@ -372,22 +373,8 @@ class SharedGroups:
             fields, journal = await self._call("an evaluation read", pipe.execute())
         if not fields or b"h" not in fields:
             return None, []
-        members = []
-        for name, value in fields.items():
-            if name.startswith(b"m:"):
-                coords, digest, reasoning, answer = json.loads(value)
-                members.append(
-                    MemberRecord(
-                        key,
-                        decode_coords(json.dumps(coords)),
-                        digest,
-                        AnswerTexts(reasoning, answer),
-                    )
-                )
-        members.sort(key=lambda m: m.coords.rollout_index)
-        header = decode_header(key, fields[b"h"])
         verdicts = [_verdict_from(value) for value in (journal or {}).values()]
-        return RecoveredCohort(header, tuple(members)), verdicts
+        return decode_cohort(key, fields), verdicts
 
     async def outcomes(self, keys: Iterable[CohortKey]) -> dict[CohortKey, Tombstone]:
         """The ended cohorts among ``keys``, with their outcomes (mailbox, else tombstone)."""

@@ -24,8 +24,8 @@ import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from genrm_cohort_client import CohortClient, RetryPolicy
-from google.rpc import error_details_pb2, status_pb2
 
+from tests.e2e.support import error_reason, until
 from tests.judge.processes import FakeJudgeProcess, RestartableServer
 
 pytestmark = pytest.mark.e2e
@@ -45,17 +45,6 @@ def _member(group: str | None, k: int, *, attempt: int = 0, text: str = "") -> A
     return pb.SubmitMemberRequest(
         member=ref, prompt=PROMPT, candidate=pb.Candidate(output_text=answer)
     )
-
-
-def _reason(exc: grpc.RpcError) -> str:
-    for key, value in exc.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)
-            for detail in status.details:
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    return info.reason
-    return ""
 
 
 def sqlite_server(store: Path, judge_url: str, **settings: str) -> RestartableServer:
@@ -85,14 +74,6 @@ def _rows(store: Path, query: str) -> list[tuple[Any, ...]]:
 
 def _store(server: RestartableServer) -> Path:
     return Path(server.env["GENRM_STORE"].removeprefix("sqlite:///"))
-
-
-def _until(condition: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 async def _submit_all(target: str, requests: list[Any], timeout: float = 60) -> list[Any]:
@@ -127,7 +108,7 @@ async def test_a_kill_mid_evaluation_resumes_judging_only_the_passes_not_journal
     waiting = asyncio.ensure_future(_submit_all(server.target, members))
     # Two permits, 250 ms per verdict: kill once some passes are journaled and others
     # are still being judged.
-    await asyncio.to_thread(_until, lambda: len(_rows(store, "SELECT 1 FROM verdicts")) >= 2)
+    await asyncio.to_thread(until, lambda: len(_rows(store, "SELECT 1 FROM verdicts")) >= 2)
     server.kill()
     journaled = _rows(store, "SELECT response_i, response_j FROM verdicts")
     assert 2 <= len(journaled) < SIZE
@@ -159,7 +140,7 @@ async def test_a_kill_mid_collection_keeps_members_and_the_deadline_counts_time_
     store = _store(server)
     early = [_member("c", k) for k in range(3)]
     waiting = asyncio.ensure_future(_submit_all(server.target, early))
-    await asyncio.to_thread(_until, lambda: len(_rows(store, "SELECT 1 FROM members")) == 3)
+    await asyncio.to_thread(until, lambda: len(_rows(store, "SELECT 1 FROM members")) == 3)
     killed_at = time.time()
     server.kill()
     with pytest.raises(grpc.RpcError):
@@ -205,10 +186,10 @@ async def test_after_a_kill_replay_fencing_and_supersession_behave_as_before(
         assert [r.result.reward for r in again] == [r.result.reward for r in done]
         with pytest.raises(grpc.RpcError) as conflict:
             await stub.SubmitMember(_member("r", 0, text="another answer"), timeout=30)
-        assert _reason(conflict.value) == "SLOT_CONFLICT"
+        assert error_reason(conflict.value) == "SLOT_CONFLICT"
         with pytest.raises(grpc.RpcError) as old:
             await stub.SubmitMember(_member("s", 1, attempt=0), timeout=30)
-        assert _reason(old.value) == "ATTEMPT_SUPERSEDED"
+        assert error_reason(old.value) == "ATTEMPT_SUPERSEDED"
         fenced = await stub.SubmitMember(_member(None, 0, text="a regenerated answer"), timeout=30)
         assert fenced.result.mask_sample and fenced.result.replayed
     assert judge.stats()["total"] == calls  # nothing judged again
@@ -234,7 +215,7 @@ async def test_a_sigterm_drain_keeps_evaluating_work_and_the_restart_finishes_it
     store = _store(server)
     members = [_member("d", k) for k in range(SIZE)]
     waiting = asyncio.ensure_future(_submit_all(server.target, members))
-    await asyncio.to_thread(_until, lambda: len(_rows(store, "SELECT 1 FROM verdicts")) >= 1)
+    await asyncio.to_thread(until, lambda: len(_rows(store, "SELECT 1 FROM verdicts")) >= 1)
     assert await asyncio.to_thread(server.stop) == 0
     with pytest.raises(grpc.RpcError) as interrupted:
         await waiting
@@ -300,7 +281,7 @@ async def test_the_python_clients_own_retry_gets_every_reward_across_a_kill(
             )
             for m in (_member("cli", k) for k in range(SIZE))
         ]
-        await asyncio.to_thread(_until, lambda: len(_rows(store, "SELECT 1 FROM verdicts")) >= 2)
+        await asyncio.to_thread(until, lambda: len(_rows(store, "SELECT 1 FROM verdicts")) >= 2)
         server.kill()
         journaled = len(_rows(store, "SELECT 1 FROM verdicts"))
         before = judge.stats()["total"]

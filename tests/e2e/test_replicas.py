@@ -25,10 +25,10 @@ import redis
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from genrm_cohort_client import ChannelOptions, CohortClient, RetryPolicy
-from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from genrm_grpc.testing.redis_server import RedisServer
+from tests.e2e.support import error_reason, running, until
 from tests.judge.processes import FakeJudgeProcess, RestartableServer, free_port
 
 pytestmark = pytest.mark.e2e
@@ -44,17 +44,6 @@ def _member(group: str, k: int, *, attempt: int = 0) -> pb.SubmitMemberRequest:
     return pb.SubmitMemberRequest(
         member=ref, prompt=PROMPT, candidate=pb.Candidate(output_text=answer)
     )
-
-
-def _reason(exc: grpc.RpcError) -> str:
-    for key, value in exc.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)
-            for detail in status.details:
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    return info.reason
-    return ""
 
 
 #: Replicas in these tests renew their evaluation lease every 2/3 s; a takeover comes
@@ -88,25 +77,20 @@ def replicas(
         replica_process(redis_server.url, judge.url, tmp_path / f"replica-{n}.log")
         for n in range(3)
     ]
-    try:
-        for replica in started:
-            replica.start()
+    with running(started):
         yield started
-    finally:
-        for replica in started:
-            replica.close()
+
+
+def _members_stored(client: redis.Redis) -> int:
+    """Members of active cohorts in Redis (their ``m:`` fields): a point read, not a sleep."""
+    return sum(
+        len([f for f in client.hkeys(name) if f.startswith(b"m:")])
+        for name in client.keys("genrm:c:*")
+    )
 
 
 def _pair_counts(judge: FakeJudgeProcess) -> dict[str, int]:
     return dict(judge.stats()["pairs"])
-
-
-def _until(condition: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 async def _submit(target: str, request: pb.SubmitMemberRequest, timeout: float = 60) -> Any:
@@ -209,14 +193,14 @@ async def test_resends_and_replays_on_other_replicas_are_answered_from_the_share
     conflicting.candidate.output_text = "something else"
     with pytest.raises(grpc.RpcError) as refused:
         await _submit(targets[2], conflicting)
-    assert _reason(refused.value) == "SLOT_CONFLICT"
+    assert error_reason(refused.value) == "SLOT_CONFLICT"
     # A newer attempt supersedes the old one wherever its members arrive.
     newer = [_submit(targets[k % 3], _member("g", k, attempt=1)) for k in range(SIZE)]
     replies = await asyncio.gather(*newer)
     assert {r.result.member.group_attempt for r in replies} == {1}
     with pytest.raises(grpc.RpcError) as old:
         await _submit(targets[1], _member("g", 0, attempt=0))
-    assert _reason(old.value) == "ATTEMPT_SUPERSEDED"
+    assert error_reason(old.value) == "ATTEMPT_SUPERSEDED"
     # Any replica describes the group from the shared state.
     for target in targets:
         async with grpc.aio.insecure_channel(target) as channel:
@@ -262,7 +246,7 @@ async def test_a_replica_killed_mid_evaluation_is_taken_over_without_judging_a_p
         ]
         # Two permits, 150 ms per verdict: kill the evaluator once some passes are
         # journaled and others are in flight. The lease names the process holding it.
-        await asyncio.to_thread(_until, lambda: journaled() >= 2)
+        await asyncio.to_thread(until, lambda: journaled() >= 2)
         (lease,) = [client.get(name) for name in client.keys("genrm:e:*")]
         pid = int(lease.decode().split(":", 1)[1].split("/")[1])
         (evaluator,) = [r for r in replicas if r.proc is not None and r.proc.pid == pid]
@@ -299,14 +283,8 @@ async def test_a_replica_killed_while_cohorts_collect_loses_nothing(
         for k in range(SIZE // 2)
     ]
 
-    def members_stored() -> int:
-        return sum(
-            len([f for f in client.hkeys(name) if f.startswith(b"m:")])
-            for name in client.keys("genrm:c:*")
-        )
-
     # Kill replica 0 once Redis holds every member it took (a known point, no sleep).
-    await asyncio.to_thread(_until, lambda: members_stored() == 3 * (SIZE // 2))
+    await asyncio.to_thread(until, lambda: _members_stored(client) == 3 * (SIZE // 2))
     replicas[0].kill()
     for call in first_half:
         with pytest.raises(grpc.RpcError):
@@ -339,7 +317,7 @@ async def test_redis_stopped_mid_run_gives_typed_errors_and_health_follows_it(
     with pytest.raises(grpc.RpcError) as down:
         await _submit(targets[0], _member("during", 0), timeout=30)
     assert down.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert _reason(down.value) == "STORE_UNAVAILABLE"
+    assert error_reason(down.value) == "STORE_UNAVAILABLE"
     deadline = time.monotonic() + 10
     while any([await health(t) != not_serving for t in targets]):
         assert time.monotonic() < deadline, "health did not turn NOT_SERVING"
@@ -388,13 +366,8 @@ def short_deadline_replicas(
         )
         for n in range(3)
     ]
-    try:
-        for replica in started:
-            replica.start()
+    with running(started):
         yield started
-    finally:
-        for replica in started:
-            replica.close()
 
 
 async def test_a_collection_deadline_fires_once_across_the_replicas(
@@ -408,7 +381,7 @@ async def test_a_collection_deadline_fires_once_across_the_replicas(
     for outcome in outcomes:
         assert isinstance(outcome, grpc.RpcError)
         assert outcome.code() == grpc.StatusCode.ABORTED
-        assert _reason(outcome) == "COHORT_FAILED"
+        assert error_reason(outcome) == "COHORT_FAILED"
         assert "collection deadline expired" in (outcome.details() or "")
     # Every replica swept for it; exactly one ended it (one outcome line in all logs).
     for replica in replicas:
@@ -424,7 +397,7 @@ async def test_a_collection_deadline_fires_once_across_the_replicas(
     replicas[2].start()
     with pytest.raises(grpc.RpcError) as late:
         await _submit(targets[2], _member("late", 4), timeout=30)
-    assert _reason(late.value) == "COHORT_FAILED"
+    assert error_reason(late.value) == "COHORT_FAILED"
 
 
 async def test_waiters_get_outcomes_published_while_their_replica_was_not_listening(
@@ -437,16 +410,7 @@ async def test_waiters_get_outcomes_published_while_their_replica_was_not_listen
         asyncio.ensure_future(_submit(targets[k % 2], _member("deaf", k), timeout=60))
         for k in range(SIZE - 1)
     ]
-    await asyncio.to_thread(
-        _until,
-        lambda: (
-            sum(
-                len([f for f in client.hkeys(n) if f.startswith(b"m:")])
-                for n in client.keys("genrm:c:*")
-            )
-            == SIZE - 1
-        ),
-    )
+    await asyncio.to_thread(until, lambda: _members_stored(client) == SIZE - 1)
     # From before the last member until after the outcome is stored, keep cutting every
     # subscriber's connection: the message about it reaches no replica listening.
     stop = asyncio.Event()
@@ -459,7 +423,7 @@ async def test_waiters_get_outcomes_published_while_their_replica_was_not_listen
 
     cutter = asyncio.ensure_future(asyncio.to_thread(cut))
     last = await _submit(targets[2], _member("deaf", SIZE - 1), timeout=60)
-    await asyncio.to_thread(_until, lambda: bool(client.keys("genrm:t:*")))
+    await asyncio.to_thread(until, lambda: bool(client.keys("genrm:t:*")))
     stop.set()
     assert await cutter > 0
     results = await asyncio.gather(*waiting)
@@ -486,20 +450,11 @@ async def test_a_paused_evaluator_is_taken_over_and_its_late_result_is_never_pub
         asyncio.ensure_future(_submit(targets[k % 2], _member("paused", k), timeout=90))
         for k in range(SIZE - 1)
     ]
-    await asyncio.to_thread(
-        _until,
-        lambda: (
-            sum(
-                len([f for f in client.hkeys(n) if f.startswith(b"m:")])
-                for n in client.keys("genrm:c:*")
-            )
-            == SIZE - 1
-        ),
-    )
+    await asyncio.to_thread(until, lambda: _members_stored(client) == SIZE - 1)
     on_evaluator = asyncio.ensure_future(
         _submit(targets[2], _member("paused", SIZE - 1), timeout=90)
     )
-    await asyncio.to_thread(_until, lambda: bool(client.keys("genrm:v:*")))
+    await asyncio.to_thread(until, lambda: bool(client.keys("genrm:v:*")))
     evaluator = replicas[2].proc
     assert evaluator is not None
     evaluator.send_signal(signal.SIGSTOP)  # a long GC pause, a VM migration
