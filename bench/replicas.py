@@ -392,13 +392,15 @@ def markdown(out: dict[str, Any]) -> str:
         "ran); **scripts** = `EVALSHA` calls; **round trips** = replies Redis wrote "
         "(`total_writes_processed`: one per request, or per pipeline arriving together) "
         "less the messages pushed to the replicas' subscriptions; socket **reads** "
-        "(`total_reads_processed`, several for a request over 16 KiB) as a cross-check.",
+        "(`total_reads_processed`, several for a request over 16 KiB) as a cross-check; "
+        "**group reads** = `HMGET` calls (the group read script runs exactly one).",
         "",
         md_table(
             [
                 "API · side",
                 "round trips/member",
                 "socket reads/member",
+                "group reads/member",
                 "scripts/member",
                 "commands/member",
                 "pushes/member",
@@ -408,6 +410,7 @@ def markdown(out: dict[str, Any]) -> str:
                     f"{api} · {side}",
                     _spread(s["redis_round_trips_per_member"], 2, ""),
                     _f(s["redis_reads_per_member"]["median"], 2),
+                    _f(s["redis_calls_per_member"].get("hmget", 0.0), 2),
                     _f(s["redis_scripts_per_member"]["median"], 2),
                     _spread(s["redis_commands_per_member"], 1, ""),
                     _f(s["redis_pushes_per_member"]["median"], 2),
@@ -431,6 +434,12 @@ def markdown(out: dict[str, Any]) -> str:
     top = summary["SubmitMember"]["redis-1"].get("redis_calls_per_member", {})
     busiest = sorted(top.items(), key=lambda kv: -kv[1])[:8]
     lines += [
+        "- SubmitMember sends a group's members at once, and a replica decides the members "
+        "of a cohort that arrive while its read or commit is in flight together (fewer "
+        "group reads than members). On a replica the servicer decides a stream's "
+        "members one at a time, in order, so StreamGroups pays a group read and a "
+        "commit (with its fsync) for every member: what separates the two APIs on "
+        'Redis (docs/scaling.md, "Replicas: measured").',
         "- Commands per member by name (SubmitMember, redis-1; scripts' own calls "
         "included): " + ", ".join(f"`{n.upper()}` {v:.2f}" for n, v in busiest) + ".",
         "- **Three replicas do not scale here, and are not expected to:** the machine has "
