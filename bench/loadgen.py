@@ -9,7 +9,10 @@ command really warms the next run). A command::
      "groups": 96}            # or "duration_s": 4.0 (groups are started until then)
 
 runs groups of ``size`` members, ``in_flight`` groups at a time (SubmitMember: one call
-per member, all members of a group concurrently; StreamGroups: one stream per group),
+per member, all members of a group concurrently; StreamGroups: one stream per group).
+With ``"targets": [A, B, C]`` instead of ``"target"`` (replicas sharing a store), member
+``i`` of every group goes to ``targets[i % len(targets)]`` (StreamGroups: one stream per
+target and group, each carrying its share of the members, all opened at once),
 and answers ``{"groups", "members", "elapsed_s", "members_per_s", "member_p50_ms",
 "member_p99_ms", "member_max_ms", "group_p50_ms", "group_p99_ms", "errors",
 "masked", "latencies_ms"}`` (``latencies_ms`` only with ``"keep_latencies": true``).
@@ -78,7 +81,8 @@ class Runner:
         return self.stubs[target]
 
     async def run(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        stub = self.stub(cmd["target"])
+        stubs = [self.stub(t) for t in cmd.get("targets") or [cmd["target"]]]
+        stub = stubs[0]
         api, size, prefix = cmd["api"], int(cmd["size"]), str(cmd["prefix"])
         answer_bytes = int(cmd.get("answer_bytes", 2048))
         in_flight = int(cmd["in_flight"])
@@ -104,22 +108,31 @@ class Runner:
                 first_error.append(repr(exc)[:300])
 
         async def unary(reqs: list[pb.SubmitMemberRequest]) -> None:
-            async def one(req: pb.SubmitMemberRequest) -> None:
+            async def one(i: int, req: pb.SubmitMemberRequest) -> None:
                 t0 = perf()
                 try:
-                    resp = await stub.SubmitMember(req, timeout=timeout)
+                    resp = await stubs[i % len(stubs)].SubmitMember(req, timeout=timeout)
                 except grpc.RpcError as exc:
                     failed(exc)
                     return
                 member_lat.append(perf() - t0)
                 note(resp.result)
 
-            await asyncio.gather(*(one(r) for r in reqs))
+            await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
 
         async def stream(reqs: list[pb.SubmitMemberRequest]) -> None:
+            if len(stubs) == 1:
+                await stream_to(stub, reqs)
+                return
+            shares = [reqs[k :: len(stubs)] for k in range(len(stubs))]
+            await asyncio.gather(
+                *(stream_to(s, m) for s, m in zip(stubs, shares, strict=True) if m)
+            )
+
+        async def stream_to(to: Any, reqs: list[pb.SubmitMemberRequest]) -> None:
             t0 = perf()
             try:
-                call = stub.StreamGroups(
+                call = to.StreamGroups(
                     iter([pb.StreamGroupsRequest(member=r) for r in reqs]), timeout=timeout
                 )
                 async for event in call:

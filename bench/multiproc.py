@@ -25,6 +25,9 @@ Sections (each compares its sides in the same run, alternating the order round b
                   serve`` on a file holding 10,000 retained and 100 active cohorts vs an
                   empty one (exec → "serving on" → first answered GetCohort); the file's
                   bytes per retained cohort.
+- ``replicas``    one replica on ``memory://``, one on ``redis://`` and three on one
+                  ``redis://`` (``bench/replicas.py``): throughput, CPU, Redis round
+                  trips and commands per member.
 
 Every ``genrm-grpc serve`` gets its store through ``GENRM_STORE``: ``memory://``, except
 the SQLite side of ``store`` (a fresh file in the run's log directory).
@@ -51,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 APIS = ("SubmitMember", "StreamGroups")
-MP_SECTIONS = ("throughput", "single", "saturation", "retained", "profile", "store")
+MP_SECTIONS = ("throughput", "single", "saturation", "retained", "profile", "store", "replicas")
 PRINCIPLE = (
     "Judge which response better answers the user: correct, complete and clear; "
     "prefer the shorter one when they are equally good."
@@ -1040,6 +1043,11 @@ def run_multi(plan: MultiPlan, out: dict[str, Any], keep_logs: pathlib.Path | No
         if "store" in plan.sections:
             print("multi-process: SQLite store vs memory://, restart recovery", flush=True)
             out["store"] = section_store(plan, load, judge, logs)
+        if "replicas" in plan.sections:
+            from bench.replicas import section_replicas  # imports this module
+
+            print("multi-process: replicas on a shared Redis vs memory://", flush=True)
+            out["replicas"] = section_replicas(plan, load, judge, logs)
     finally:
         load.stop()
         judge.stop()

@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from bench import mpreport
+from bench import mpreport, replicas
 from bench.util import md_table
 
 KIB = 1024.0
@@ -106,7 +106,7 @@ def write_plots(out: dict[str, Any], assets: pathlib.Path) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- markdown
 def targets(out: dict[str, Any]) -> list[list[str]]:
-    rows: list[list[str]] = mpreport.target_rows(out)
+    rows: list[list[str]] = mpreport.target_rows(out) + replicas.target_rows(out)
     if "storm" in out:
         s = out["storm"]
         rows.append(
@@ -469,6 +469,8 @@ def markdown(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
         parts += ["", schedule_section(out)]
     if "store" in out:
         parts += ["", mpreport.store_section(out)]
+    if "replicas" in out:
+        parts += ["", replicas.markdown(out)]
     parts += [
         "",
         "## Reproduce",

@@ -95,7 +95,6 @@ from genrm_grpc.store.records import (
     TombstoneRecord,
     VerdictRecord,
     WatermarkRecord,
-    decode_coords,
     decode_prompt,
 )
 
@@ -842,9 +841,7 @@ def decode_cohort(key: CohortKey, fields: dict[bytes, bytes]) -> RecoveredCohort
         if name.startswith(b"m:"):
             coords, digest, reasoning, answer = json.loads(value)
             members.append(
-                MemberRecord(
-                    key, decode_coords(json.dumps(coords)), digest, AnswerTexts(reasoning, answer)
-                )
+                MemberRecord(key, MemberCoords(*coords), digest, AnswerTexts(reasoning, answer))
             )
     members.sort(key=lambda m: m.coords.rollout_index)
     return RecoveredCohort(decode_header(key, fields[b"h"]), tuple(members))

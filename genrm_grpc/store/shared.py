@@ -64,7 +64,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from genrm_grpc.cohort.model import CohortKey, Tombstone
+from genrm_grpc.cohort.model import CohortKey, MemberCoords, Tombstone
 from genrm_grpc.scoring.types import AnswerTexts
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.records import (
@@ -77,7 +77,6 @@ from genrm_grpc.store.records import (
     StoreError,
     TombstoneRecord,
     VerdictRecord,
-    decode_coords,
 )
 from genrm_grpc.store.redis import (
     _OPS,
@@ -618,13 +617,13 @@ def _digest_cohort(key: CohortKey, flat: Sequence[bytes]) -> RecoveredCohort | N
     raw = fields.get(b"h")
     if raw is None:
         return None
-    members = []
-    for name, value in fields.items():
-        if name.startswith(b"d:"):
-            coords, digest = json.loads(value)
-            members.append(
-                MemberRecord(key, decode_coords(json.dumps(coords)), digest, AnswerTexts("", ""))
-            )
+    # Every read returns all the members so far: one JSON parse for all of them, and
+    # coordinates built from the parsed list (as decode_coords reads them).
+    digested = json.loads(b"[" + b",".join(v for n, v in fields.items() if n[:2] == b"d:") + b"]")
+    empty = AnswerTexts("", "")
+    members = [
+        MemberRecord(key, MemberCoords(*coords), digest, empty) for coords, digest in digested
+    ]
     members.sort(key=lambda m: m.coords.rollout_index)
     return RecoveredCohort(decode_header(key, raw), tuple(members))
 
