@@ -261,8 +261,10 @@ class _Live:
     resumed: int = 0
     #: A write carrying its header or a member failed: a resend writes them again.
     unwritten: bool = False
-    #: Replicas: the evaluation lease this process judges the cohort under.
+    #: Replicas: the evaluation lease this process judges the cohort under, and the
+    #: journal writes of its passes (the outcome is committed after them).
     lease: Any = None
+    journal_writes: list[asyncio.Future[None]] = field(default_factory=list)
 
 
 class CohortRuntime:

@@ -521,6 +521,11 @@ class ReplicaRuntime(CohortRuntime):
                         return reg.aggregation_failed(active, outcome, now)
                     return reg.evaluation_finished(active, outcome, now)
 
+            # The verdicts first, then the outcome: a commit that ends the cohort drops
+            # its lease, and a journal write arriving after it would be refused (and a
+            # later attempt of the group could not reuse that verdict).
+            await asyncio.gather(*live.journal_writes, return_exceptions=True)
+            live.journal_writes.clear()
             op = _Op(event, asyncio.get_running_loop().create_future())
             current = live.lease if isinstance(live.lease, Lease) else lease
             if not await self._decide(key, [op], current):
@@ -528,10 +533,28 @@ class ReplicaRuntime(CohortRuntime):
         except StoreError as exc:
             self._store_failed()
             log.warning("evaluation of %s stopped: %s; another replica takes it over", key, exc)
+        except Exception as exc:
+            # A bug, not the judge (that is JudgeFailedError, masked above): the cohort
+            # fails as in a single process, rather than being taken over to fail again.
+            log.exception("evaluation of cohort %s failed", key)
+            await self._fail_evaluation(key, f"evaluation failed: {exc}", lease)
         finally:
             if keeper is not None:
                 keeper.cancel()
             self._resume.drop(key)
+
+    async def _fail_evaluation(self, key: CohortKey, reason: str, lease: Lease) -> None:
+        def event(reg: CohortRegistry, now: float) -> Decision:
+            active = reg.active(key)
+            return None if active is None else reg.fail(active, reason, now)
+
+        live = self._live.get(key)
+        current = live.lease if live is not None and isinstance(live.lease, Lease) else lease
+        op = _Op(event, asyncio.get_running_loop().create_future())
+        try:
+            await self._decide(key, [op], current)
+        except StoreError as exc:
+            log.warning("could not record the failure of %s (%s); its lease expires", key, exc)
 
     async def _keep_lease(self, live: _Live, key: CohortKey) -> None:
         """Renew the evaluation lease every third of its life; stop the evaluation if lost."""
@@ -567,6 +590,7 @@ class ReplicaRuntime(CohortRuntime):
             return  # the lease is gone: whoever took over journals its own passes
         written = self.shared.store.persist(records, lease=lease)
         written.add_done_callback(_journal_written)
+        live.journal_writes.append(written)
 
     # ------------------------------------------------------------------ sweeps
     async def _sweep(self) -> None:
