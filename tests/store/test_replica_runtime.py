@@ -1,0 +1,86 @@
+"""One replica's runtime in process, on a real redis-server: evaluation and its journal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from genrm_grpc.cohort.model import Completed, Failed
+from genrm_grpc.cohort.registry import CohortRegistry
+from genrm_grpc.config import Settings
+from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
+from genrm_grpc.runtime.replica import ReplicaRuntime
+from genrm_grpc.scoring.types import Verdict
+from genrm_grpc.store.memory import MemoryStore
+from genrm_grpc.store.redis import RedisStore
+from genrm_grpc.store.shared import SharedGroups
+from tests.cohort.support import sub
+
+SIZE = 16
+
+
+class InstantJudge:
+    """Answers at once: the outcome is ready while the journal writes are still queued."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.calls = 0
+
+    async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return JudgeOutcome(Verdict(4.0, 3.0, 2.5, False), None, 1)
+
+
+@pytest.fixture
+async def replica(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[ReplicaRuntime]:
+    judge = getattr(request, "param", None) or InstantJudge()
+    settings = Settings(store=redis_url)
+    runtime = ReplicaRuntime(
+        CohortRegistry(settings, MemoryStore(settings)),
+        judge,
+        settings,
+        shared=SharedGroups(RedisStore(redis_url), lease_s=10),
+    )
+    await runtime.open()
+    try:
+        yield runtime
+    finally:
+        await runtime.shutdown(0)
+        await runtime.close()
+
+
+async def _group(runtime: ReplicaRuntime, gid: str) -> list[object]:
+    tickets = await asyncio.gather(
+        *(runtime.submit_shared(sub(k, gid=gid, size=SIZE, text=f"{gid}-{k}")) for k in range(SIZE))
+    )
+    return list(await asyncio.gather(*(t.waiter.wait() for t in tickets if t.waiter is not None)))
+
+
+async def test_every_pass_is_journaled_before_the_outcome_is_committed(
+    replica: ReplicaRuntime, redis_url: str
+) -> None:
+    groups = await asyncio.gather(*(_group(replica, f"fast-{n}") for n in range(8)))
+    assert all(isinstance(o, Completed) for outcomes in groups for o in outcomes)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        journals = await client.keys("genrm:v:*")
+        # circular: one pass per member, each journaled under its cohort (kept for reuse
+        # by a later attempt while the tombstone lives).
+        assert len(journals) == 8
+        assert [await client.hlen(name) for name in journals] == [SIZE] * 8
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("replica", [InstantJudge(error=RuntimeError("a bug"))], indirect=True)
+async def test_an_evaluation_bug_fails_the_cohort_instead_of_leaving_it_evaluating(
+    replica: ReplicaRuntime,
+) -> None:
+    outcomes = await asyncio.wait_for(_group(replica, "buggy"), 30)
+    assert all(isinstance(o, Failed) and "evaluation failed" in o.reason for o in outcomes)
+    assert replica.stats()["evaluating_here"] == 0
