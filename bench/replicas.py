@@ -434,12 +434,11 @@ def markdown(out: dict[str, Any]) -> str:
     top = summary["SubmitMember"]["redis-1"].get("redis_calls_per_member", {})
     busiest = sorted(top.items(), key=lambda kv: -kv[1])[:8]
     lines += [
-        "- SubmitMember sends a group's members at once, and a replica decides the members "
-        "of a cohort that arrive while its read or commit is in flight together (fewer "
-        "group reads than members). On a replica the servicer decides a stream's "
-        "members one at a time, in order, so StreamGroups pays a group read and a "
-        "commit (with its fsync) for every member: what separates the two APIs on "
-        'Redis (docs/scaling.md, "Replicas: measured").',
+        "- Both APIs hand a replica a group's members faster than one decision takes "
+        "(SubmitMember: concurrent calls; StreamGroups: a stream keeps several decisions "
+        "in flight), and a replica decides the members of a cohort that arrive while "
+        "its read or commit is in flight together: fewer group reads and commits than "
+        'members (docs/scaling.md, "Replicas: measured").',
         "- Commands per member by name (SubmitMember, redis-1; scripts' own calls "
         "included): " + ", ".join(f"`{n.upper()}` {v:.2f}" for n, v in busiest) + ".",
         "- **Three replicas do not scale here, and are not expected to:** the machine has "

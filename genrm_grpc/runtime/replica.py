@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 
 #: How often each replica looks for due deadlines and orphaned evaluations.
 SWEEP_S = 0.25
+#: How long the first event for a cohort waits for others before it is decided.
+BATCH_WINDOW_S = 0.002
 #: How often a replica checks that Redis answers (health) while it does.
 STORE_CHECK_S = 1.0
 #: A commit refused this many times in a row (the group kept changing) fails the call.
@@ -257,6 +259,9 @@ class ReplicaRuntime(CohortRuntime):
         return await op.future
 
     async def _drain(self, key: CohortKey) -> None:
+        # A group's members arrive over a few loop turns (one gRPC call each): wait a
+        # moment before the first read so that they are decided and committed together.
+        await asyncio.sleep(BATCH_WINDOW_S)
         while True:
             ops = self._queues.get(key)
             if not ops:
