@@ -287,6 +287,7 @@ class CohortRuntime:
         self._judge_identity = dict(judge_identity or {})
         # Wall clock minus the runtime clock: records carry wall-clock instants.
         registry.wall_offset = time.time() - self._clock.now()
+        registry.journal_active = self.store.survives_restart
         self._pending: list[Record] = []
         self._pending_write: asyncio.Future[None] | None = None
         self._last_write: asyncio.Future[None] | None = None
