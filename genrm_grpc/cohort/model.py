@@ -350,33 +350,52 @@ class _PackedCompleted:
         self.passes = (outcome.passes_reused, outcome.passes_resumed)
 
     def to_fields(self) -> tuple[Any, ...]:
-        """The packed outcome as atomic values only (bytes, str, None) for a record."""
+        """The packed outcome as atomic values only (bytes, str, None) for a record.
+
+        Narrower than the arrays held in memory whenever that loses nothing (record
+        version 3): pair indices in one byte each while they are below 256, verdict
+        scores as one signed byte each while every one is an integer in [-128, 127]
+        (a GenRM verdict's scores and ranking are), each member's reward left out when
+        it is bit for bit its overall score (as aggregation makes it), and known metric
+        names as their index in ``_METRIC_NAMES``. The first field names the choices.
+        """
+        index, index_code = _narrow_index(self.pair_index)
+        judged, judged_code = _narrow_index(self.judged)
+        scores, scores_code = _narrow_scores(self.pair_scores)
+        values, layout = _member_values_field(self.member_values)
         return (
-            self.pair_index.tobytes(),
-            self.pair_scores.tobytes(),
+            index_code + scores_code + judged_code + layout,
+            index,
+            scores,
             self.failed,
-            self.judged.tobytes(),
-            self.member_values.tobytes(),
+            judged,
+            values,
             None if self.offsets is None else self.offsets.tobytes(),
             self.member_pairs.tobytes(),
-            tuple(str(name) for name in self.metric_names),
+            _metric_names_field(self.metric_names),
             self.metric_values.tobytes(),
             *self.passes,
         )
 
     @classmethod
-    def from_fields(cls, fields: tuple[Any, ...]) -> _PackedCompleted:
+    def from_fields(cls, fields: tuple[Any, ...], version: int) -> _PackedCompleted:
         self = cls.__new__(cls)
+        codes = "IdI4"
+        if version >= 3:
+            codes, *rest = fields
+            fields = tuple(rest)
         pairs, scores, failed, judged, values, offsets, members, names, metrics = fields[:9]
         self.passes = (int(fields[9]), int(fields[10])) if len(fields) > 9 else (0, 0)
-        self.pair_index = _array("I", pairs)
-        self.pair_scores = _array("d", scores)
+        self.pair_index = _widen(codes[0], "I", pairs)
+        self.pair_scores = _widen(codes[1], "d", scores)
         self.failed = failed
-        self.judged = _array("I", judged)
-        self.member_values = _array("d", values)
+        self.judged = _widen(codes[2], "I", judged)
+        self.member_values = _member_values(codes[3], values)
         self.offsets = None if offsets is None else _array("I", offsets)
         self.member_pairs = _array("I", members)
-        self.metric_names = names
+        self.metric_names = (
+            tuple(_METRIC_NAMES[n] for n in names) if isinstance(names, bytes) else names
+        )
         self.metric_values = _array("d", metrics)
         return self
 
@@ -426,8 +445,95 @@ def _array(typecode: str, raw: bytes) -> array[Any]:
     return packed
 
 
-#: Version 2 added the reused/resumed pass counts; version 1 records still read.
-_RECORD_VERSION = 2
+#: Version 2 added the reused/resumed pass counts; version 3 stores the prompt digest
+#: raw and narrows a completed outcome's arrays (``_PackedCompleted.to_fields``).
+#: Records of versions 1 and 2 still read.
+_RECORD_VERSION = 3
+
+#: Metric names a version-3 record stores as their index. Records on disk refer to these
+#: positions: append only, never reorder or remove. Other names are stored as text.
+_METRIC_NAMES = (
+    "mean_individual_score",
+    "std_individual_score",
+    "tiebreak_usage_rate",
+    "genrm_parse_failure_rate_per_group",
+    "judge_input_tokens_total",
+    "judge_output_tokens_total",
+    "judge_reasoning_tokens_total",
+    "judge_output_tokens_mean",
+    "judge_output_tokens_max",
+)
+_METRIC_INDEX = {name: n for n, name in enumerate(_METRIC_NAMES)}
+
+#: marshal's format 2 writes no back-references, so equal values always give equal
+#: bytes (formats 3 and later refer back to an object met twice, such as the cached
+#: one-byte ``bytes``, which would make a record depend on object identity).
+_MARSHAL_FORMAT = 2
+
+
+def _narrow_index(values: array[int]) -> tuple[bytes, str]:
+    """Unsigned indices as bytes: one byte each when all fit ("B"), else four ("I")."""
+    if not values or max(values) < 256:
+        return array("B", values).tobytes(), "B"
+    return array("I", values).tobytes(), "I"
+
+
+def _narrow_scores(scores: array[float]) -> tuple[bytes, str]:
+    """Scores as one signed byte each ("b") when that is exact bit for bit, else "d"."""
+    try:
+        small = array("b", map(int, scores))
+    except (ValueError, OverflowError):  # NaN, ±inf, or outside [-128, 127]
+        return scores.tobytes(), "d"
+    exact = array("d", small).tobytes()
+    raw = scores.tobytes()
+    return (small.tobytes(), "b") if exact == raw else (raw, "d")
+
+
+def _widen(code: str, typecode: str, raw: bytes) -> array[Any]:
+    """The in-memory array (``typecode``) of a field stored with ``code``."""
+    stored = _array(code, raw)
+    return stored if code == typecode else array(typecode, stored)
+
+
+def _member_values_field(values: array[float]) -> tuple[bytes, str]:
+    """(reward, score_raw, overall_score, length_adjustment) per member; "3": the reward
+    is left out because it is bit for bit the overall score, "4": all four are kept."""
+    if values[0::4].tobytes() != values[2::4].tobytes():
+        return values.tobytes(), "4"
+    kept = array("d", values)
+    del kept[0::4]
+    return kept.tobytes(), "3"
+
+
+def _member_values(layout: str, raw: bytes) -> array[float]:
+    if layout == "4":
+        return _array("d", raw)
+    kept = _array("d", raw)
+    values = array("d", bytes(len(kept) // 3 * 4 * kept.itemsize))
+    values[0::4] = kept[1::3]  # the reward is the overall score
+    values[1::4] = kept[0::3]
+    values[2::4] = kept[1::3]
+    values[3::4] = kept[2::3]
+    return values
+
+
+def _metric_names_field(names: tuple[str, ...]) -> bytes | tuple[str, ...]:
+    index = _METRIC_INDEX
+    if len(names) < 256 and all(name in index for name in names):
+        return bytes(index[name] for name in names)
+    return tuple(str(name) for name in names)
+
+
+def _digest_field(digest: str) -> bytes | str:
+    """A hex SHA-256 digest as its 32 raw bytes (any other text as it is)."""
+    if len(digest) == 2 * _DIGEST_BYTES:
+        try:
+            raw = bytes.fromhex(digest)
+        except ValueError:
+            return digest
+        if raw.hex() == digest:
+            return raw
+    return digest
 
 
 class Tombstone:
@@ -490,11 +596,12 @@ class Tombstone:
                 key.attempt,
                 key.principal,
                 self.group_size,
-                self.prompt_digest,
+                _digest_field(self.prompt_digest),
                 self.finished_at,
                 self._digests,
                 *outcome,
-            )
+            ),
+            _MARSHAL_FORMAT,
         )
 
     @classmethod
@@ -503,16 +610,16 @@ class Tombstone:
         (version, gid, legacy, attempt, principal, size, prompt, finished, digests, kind, *rest) = (
             marshal.loads(record)
         )
-        if version not in (1, _RECORD_VERSION):
+        if version not in (1, 2, _RECORD_VERSION):
             raise ValueError(f"unknown tombstone record version {version}")
         self = cls.__new__(cls)
         self.key = CohortKey(gid, legacy, attempt, principal)
         self.group_size = size
-        self.prompt_digest = prompt
+        self.prompt_digest = prompt.hex() if isinstance(prompt, bytes) else prompt
         self.finished_at = finished
         self._digests = digests
         if kind == "c":
-            self._outcome = _PackedCompleted.from_fields(tuple(rest))
+            self._outcome = _PackedCompleted.from_fields(tuple(rest), version)
         elif kind == "m":
             reason, names, values, *passes = rest
             reused, resumed = passes if passes else (0, 0)
