@@ -297,6 +297,14 @@ class _PackedCompleted:
     Tombstones are retained by the thousand, and a Completed for 16 members is ~100
     small objects (7 KiB, all tracked by the cyclic GC); packed it is a few arrays.
     ``unpack`` rebuilds an equal Completed for a replay.
+
+    Each array is as narrow as its values allow exactly, decided once here from the
+    values (so equal outcomes pack to equal bytes): pair indices in one byte each while
+    all are below 256, verdict scores in one signed byte each while every one is an
+    integer in [-128, 127] (a GenRM verdict's scores and ranking are; -0.0 stays wide),
+    each member's reward left out when it is bit for bit its overall score (aggregation
+    makes it so), and the metric names the server produces as their index in
+    ``_METRIC_NAMES``.
     """
 
     __slots__ = (
@@ -310,6 +318,7 @@ class _PackedCompleted:
         "pair_index",
         "pair_scores",
         "passes",
+        "values_width",
     )
 
     def __init__(self, outcome: Completed) -> None:
@@ -317,16 +326,15 @@ class _PackedCompleted:
         for pair in (*outcome.judged, *(p for r in outcome.rewards for p in r.comparisons)):
             table.setdefault(pair, len(table))
         pairs = list(table)
-        self.pair_index = array(
-            "I", [n for p in pairs for n in (p.response_i, p.response_j, p.judge_index)]
+        self.pair_index = _index_array(
+            [n for p in pairs for n in (p.response_i, p.response_j, p.judge_index)]
         )
-        self.pair_scores = array(
-            "d",
-            [x for p in pairs for x in (p.verdict.score_1, p.verdict.score_2, p.verdict.ranking)],
+        self.pair_scores = _score_array(
+            [x for p in pairs for x in (p.verdict.score_1, p.verdict.score_2, p.verdict.ranking)]
         )
         self.failed = bytes(p.verdict.parse_failed for p in pairs)
-        self.judged = array("I", [table[p] for p in outcome.judged])
-        self.member_values = array(
+        self.judged = _index_array([table[p] for p in outcome.judged])
+        values = array(
             "d",
             [
                 x
@@ -334,6 +342,11 @@ class _PackedCompleted:
                 for x in (r.reward, r.score_raw, r.overall_score, r.length_adjustment)
             ],
         )
+        self.values_width = 4
+        if values[0::4].tobytes() == values[2::4].tobytes():
+            del values[0::4]  # the reward is the overall score: kept once
+            self.values_width = 3
+        self.member_values = values
         # Each member's comparisons are normally its verdicts in judged order; only when
         # they are not (hand-built outcomes) are they stored explicitly.
         by_member = comparisons_by_member(len(outcome.rewards), outcome.judged)
@@ -345,34 +358,24 @@ class _PackedCompleted:
                 member_pairs.extend(table[p] for p in r.comparisons)
                 self.offsets.append(len(member_pairs))
         self.member_pairs = array("I", member_pairs)
-        self.metric_names = tuple(outcome.metrics)
+        self.metric_names = _metric_names_field(tuple(outcome.metrics))
         self.metric_values = array("d", outcome.metrics.values())
         self.passes = (outcome.passes_reused, outcome.passes_resumed)
 
     def to_fields(self) -> tuple[Any, ...]:
-        """The packed outcome as atomic values only (bytes, str, None) for a record.
-
-        Narrower than the arrays held in memory whenever that loses nothing (record
-        version 3): pair indices in one byte each while they are below 256, verdict
-        scores as one signed byte each while every one is an integer in [-128, 127]
-        (a GenRM verdict's scores and ranking are), each member's reward left out when
-        it is bit for bit its overall score (as aggregation makes it), and known metric
-        names as their index in ``_METRIC_NAMES``. The first field names the choices.
-        """
-        index, index_code = _narrow_index(self.pair_index)
-        judged, judged_code = _narrow_index(self.judged)
-        scores, scores_code = _narrow_scores(self.pair_scores)
-        values, layout = _member_values_field(self.member_values)
+        """The packed outcome as atomic values only (bytes, str, None) for a record; the
+        first field names the arrays' type codes and the members' value width."""
         return (
-            index_code + scores_code + judged_code + layout,
-            index,
-            scores,
+            f"{self.pair_index.typecode}{self.pair_scores.typecode}{self.judged.typecode}"
+            f"{self.values_width}",
+            self.pair_index.tobytes(),
+            self.pair_scores.tobytes(),
             self.failed,
-            judged,
-            values,
+            self.judged.tobytes(),
+            self.member_values.tobytes(),
             None if self.offsets is None else self.offsets.tobytes(),
             self.member_pairs.tobytes(),
-            _metric_names_field(self.metric_names),
+            self.metric_names,
             self.metric_values.tobytes(),
             *self.passes,
         )
@@ -380,22 +383,21 @@ class _PackedCompleted:
     @classmethod
     def from_fields(cls, fields: tuple[Any, ...], version: int) -> _PackedCompleted:
         self = cls.__new__(cls)
-        codes = "IdI4"
+        codes = "IdI4"  # versions 1 and 2: every array wide
         if version >= 3:
             codes, *rest = fields
             fields = tuple(rest)
         pairs, scores, failed, judged, values, offsets, members, names, metrics = fields[:9]
         self.passes = (int(fields[9]), int(fields[10])) if len(fields) > 9 else (0, 0)
-        self.pair_index = _widen(codes[0], "I", pairs)
-        self.pair_scores = _widen(codes[1], "d", scores)
+        self.pair_index = _array(codes[0], pairs)
+        self.pair_scores = _array(codes[1], scores)
         self.failed = failed
-        self.judged = _widen(codes[2], "I", judged)
-        self.member_values = _member_values(codes[3], values)
+        self.judged = _array(codes[2], judged)
+        self.member_values = _array("d", values)
+        self.values_width = int(codes[3])
         self.offsets = None if offsets is None else _array("I", offsets)
         self.member_pairs = _array("I", members)
-        self.metric_names = (
-            tuple(_METRIC_NAMES[n] for n in names) if isinstance(names, bytes) else names
-        )
+        self.metric_names = names
         self.metric_values = _array("d", metrics)
         return self
 
@@ -406,13 +408,18 @@ class _PackedCompleted:
                 index[3 * n],
                 index[3 * n + 1],
                 index[3 * n + 2],
-                Verdict(scores[3 * n], scores[3 * n + 1], scores[3 * n + 2], bool(self.failed[n])),
+                Verdict(
+                    float(scores[3 * n]),
+                    float(scores[3 * n + 1]),
+                    float(scores[3 * n + 2]),
+                    bool(self.failed[n]),
+                ),
             )
             for n in range(len(self.failed))
         ]
-        values, offsets = self.member_values, self.offsets
+        values, offsets, width = self.member_values, self.offsets, self.values_width
         judged = tuple(pairs[n] for n in self.judged)
-        members = len(values) // 4
+        members = len(values) // width
         by_member = comparisons_by_member(members, judged) if offsets is None else []
 
         def comparisons(k: int) -> tuple[JudgedPair, ...]:
@@ -420,19 +427,27 @@ class _PackedCompleted:
                 return by_member[k]
             return tuple(pairs[n] for n in self.member_pairs[offsets[k] : offsets[k + 1]])
 
+        # Width 4: (reward, score_raw, overall_score, length_adjustment) per member;
+        # width 3: (score_raw, overall_score, length_adjustment), the reward being the
+        # overall score.
+        first = width - 3  # where score_raw sits
+        reward_at = 1 - first  # width 3: the overall score's place
         rewards = tuple(
             MemberReward(
-                values[4 * k],
-                values[4 * k + 1],
-                values[4 * k + 2],
-                values[4 * k + 3],
+                values[width * k + reward_at],
+                values[width * k + first],
+                values[width * k + first + 1],
+                values[width * k + first + 2],
                 comparisons(k),
             )
             for k in range(members)
         )
+        names = self.metric_names
+        if isinstance(names, bytes):
+            names = tuple(_METRIC_NAMES[n] for n in names)
         return Completed(
             rewards=rewards,
-            metrics=dict(zip(self.metric_names, self.metric_values, strict=True)),
+            metrics=dict(zip(names, self.metric_values, strict=True)),
             judged=judged,
             passes_reused=self.passes[0],
             passes_resumed=self.passes[1],
@@ -471,50 +486,22 @@ _METRIC_INDEX = {name: n for n, name in enumerate(_METRIC_NAMES)}
 _MARSHAL_FORMAT = 2
 
 
-def _narrow_index(values: array[int]) -> tuple[bytes, str]:
-    """Unsigned indices as bytes: one byte each when all fit ("B"), else four ("I")."""
-    if not values or max(values) < 256:
-        return array("B", values).tobytes(), "B"
-    return array("I", values).tobytes(), "I"
+#: Floats that a verdict score narrows to one signed byte from (exactly).
+_SMALL_INTEGERS = frozenset(float(n) for n in range(-128, 128))
 
 
-def _narrow_scores(scores: array[float]) -> tuple[bytes, str]:
-    """Scores as one signed byte each ("b") when that is exact bit for bit, else "d"."""
-    try:
-        small = array("b", map(int, scores))
-    except (ValueError, OverflowError):  # NaN, ±inf, or outside [-128, 127]
-        return scores.tobytes(), "d"
-    exact = array("d", small).tobytes()
-    raw = scores.tobytes()
-    return (small.tobytes(), "b") if exact == raw else (raw, "d")
+def _index_array(values: list[int]) -> array[int]:
+    """Unsigned indices: one byte each when all fit ("B"), else four ("I")."""
+    return array("B" if not values or max(values) < 256 else "I", values)
 
 
-def _widen(code: str, typecode: str, raw: bytes) -> array[Any]:
-    """The in-memory array (``typecode``) of a field stored with ``code``."""
-    stored = _array(code, raw)
-    return stored if code == typecode else array(typecode, stored)
-
-
-def _member_values_field(values: array[float]) -> tuple[bytes, str]:
-    """(reward, score_raw, overall_score, length_adjustment) per member; "3": the reward
-    is left out because it is bit for bit the overall score, "4": all four are kept."""
-    if values[0::4].tobytes() != values[2::4].tobytes():
-        return values.tobytes(), "4"
-    kept = array("d", values)
-    del kept[0::4]
-    return kept.tobytes(), "3"
-
-
-def _member_values(layout: str, raw: bytes) -> array[float]:
-    if layout == "4":
-        return _array("d", raw)
-    kept = _array("d", raw)
-    values = array("d", bytes(len(kept) // 3 * 4 * kept.itemsize))
-    values[0::4] = kept[1::3]  # the reward is the overall score
-    values[1::4] = kept[0::3]
-    values[2::4] = kept[1::3]
-    values[3::4] = kept[2::3]
-    return values
+def _score_array(values: list[float]) -> array[Any]:
+    """Scores: one signed byte each ("b") when that is exact bit for bit, else "d"."""
+    if _SMALL_INTEGERS.issuperset(values) and (
+        0.0 not in values or all(math.copysign(1.0, x) > 0 for x in values if x == 0.0)
+    ):
+        return array("b", map(int, values))
+    return array("d", values)
 
 
 def _metric_names_field(names: tuple[str, ...]) -> bytes | tuple[str, ...]:
