@@ -410,10 +410,18 @@ def memory_section(out: dict[str, Any]) -> str:
         )
         text.append(
             f"Where it goes: the store keeps each tombstone as {stored}; the rest of the "
-            "per-cohort figure is the store's entries (expiry tuples under plain tuple "
-            "keys, the attempt watermark) and the group id string. Reaching 2 KiB would "
-            "need a raw prompt digest, fewer per-pair numbers and one shared entry for "
-            "tombstone and watermark; that is not done."
+            "per-cohort figure is the store's entries (the expiry and record in one "
+            "`bytes` under a plain tuple key, the attempt watermark) and the group id "
+            "string."
+        )
+    elif br:
+        text.append(
+            f"Where it goes: the store keeps each tombstone as one `bytes` of its expiry "
+            f"and its record ({br.get('stored record', 0):,} B: raw digests, the outcome "
+            "narrowed where exact: one byte per small-integer verdict score and per pair "
+            "index, no separate reward when it is the overall score, metric names as "
+            "numbers) under a plain tuple key; the rest is the attempt watermark and the "
+            "group id string."
         )
     return "\n".join(text)
 

@@ -134,6 +134,10 @@ class CohortRegistry:
         self._warned_missing_attempt = False
         self.evictions_examined = 0
         self.wall_offset = 0.0
+        #: Emit the records of active cohorts (headers, members, attempt watermarks).
+        #: A store that keeps nothing across a restart needs only what ends a cohort
+        #: (its tombstone and the drops): the runtime sets this from the store.
+        self.journal_active = True
         self._outbox: list[Record] = []
         # Active cohorts held outside this registry (replicas: the rest of the deployment).
         self._elsewhere = 0
@@ -401,7 +405,8 @@ class CohortRegistry:
             follows_attempt=follows,
         )
         self._index(cohort)
-        self._outbox.append(self._header(cohort))
+        if self.journal_active:
+            self._outbox.append(self._header(cohort))
         return self._accept(cohort, sub, now)
 
     def _index(self, cohort: Cohort) -> None:
@@ -435,13 +440,16 @@ class CohortRegistry:
     def _accept(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
         member = Member(coords=sub.coords, candidate=sub.candidate)
         cohort.members[sub.rollout_index] = member
-        self._outbox.append(_member_record(cohort.key, member))
+        journal = self.journal_active
+        if journal:
+            self._outbox.append(_member_record(cohort.key, member))
         frozen = False
         if cohort.full:
             cohort.phase = transition(cohort.phase, Event.FILLED)
             cohort.snapshot = tuple(cohort.members[i] for i in range(cohort.group_size))
             cohort.evaluation_deadline = now + self.config.cohort_evaluation_timeout_s
-            self._outbox.append(self._header(cohort))
+            if journal:
+                self._outbox.append(self._header(cohort))
             frozen = True
         return SubmitDecision(Disposition.ACCEPTED, cohort=cohort, frozen=frozen)
 
@@ -463,8 +471,9 @@ class CohortRegistry:
 
     def _raise_watermark(self, scope: str, attempt: int, now: float) -> None:
         self.store.raise_watermark(scope, attempt, now)
-        expires = now + self.config.cohort_result_ttl_s + self.wall_offset
-        self._outbox.append(WatermarkRecord(scope, attempt, expires))
+        if self.journal_active:
+            expires = now + self.config.cohort_result_ttl_s + self.wall_offset
+            self._outbox.append(WatermarkRecord(scope, attempt, expires))
 
     def final_records(self, cohort: Cohort) -> list[Record]:
         """The records that ended ``cohort`` again (to rewrite them after a failed write)."""

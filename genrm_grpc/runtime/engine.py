@@ -295,6 +295,8 @@ class CohortRuntime:
         self._judge_identity = dict(judge_identity or {})
         # Wall clock minus the runtime clock: records carry wall-clock instants.
         registry.wall_offset = time.time() - self._clock.now()
+        # Active cohorts' records are written only where a restart can read them back.
+        registry.journal_active = self.store.survives_restart
         self._pending: list[Record] = []
         self._pending_write: asyncio.Future[None] | None = None
         self._last_write: asyncio.Future[None] | None = None
@@ -614,9 +616,10 @@ class CohortRuntime:
         if live is None:
             live = _Live(cohort=cohort)
             self._live[cohort.key] = live
-            live.collection_timer = self._clock.call_at(
-                cohort.collection_deadline, lambda: self._on_collection_deadline(live)
-            )
+            if not decision.frozen:  # (a cohort full at its first member needs no timer)
+                live.collection_timer = self._clock.call_at(
+                    cohort.collection_deadline, lambda: self._on_collection_deadline(live)
+                )
             self._observer.cohort_started(cohort.key)
         elif live.unwritten:
             # A member (or the cohort's header) may be missing from the store after a
@@ -642,6 +645,15 @@ class CohortRuntime:
         if live.collection_timer is not None:
             live.collection_timer.cancel()
             live.collection_timer = None
+        if not self._plan.pass_count(cohort.group_size):
+            # Nothing to judge (a 1-member group): no task, no timer, scored right now.
+            try:
+                ended = self._scored(live, [])
+            except Exception as exc:  # as in _evaluate: a bug fails the cohort
+                log.exception("evaluation of cohort %s failed", cohort.key)
+                ended = self.registry.fail(cohort, f"evaluation failed: {exc}", self._clock.now())
+            self._conclude(ended)
+            return
         assert cohort.evaluation_deadline is not None
         live.evaluation_timer = self._clock.call_at(
             cohort.evaluation_deadline, lambda: self._on_evaluation_deadline(live)
@@ -858,15 +870,7 @@ class CohortRuntime:
                     cohort, exc.reason, now(), reused=live.reused, resumed=live.resumed
                 )
             else:
-                try:
-                    outcome = self._score(cohort, results, live)
-                except Exception as exc:
-                    log.exception("aggregation of cohort %s failed", cohort.key)
-                    ended = self.registry.aggregation_failed(
-                        cohort, f"aggregation failed: {exc}", now()
-                    )
-                else:
-                    ended = self.registry.evaluation_finished(cohort, outcome, now())
+                ended = self._scored(live, results)
             self._conclude(ended)
         except asyncio.CancelledError:
             raise
@@ -875,6 +879,18 @@ class CohortRuntime:
             self._conclude(
                 self.registry.fail(cohort, f"evaluation failed: {exc}", self._clock.now())
             )
+
+    def _scored(self, live: _Live, results: Sequence[_PairResult]) -> Ended | None:
+        """Aggregate a cohort's judged passes and tell the registry (what it ended)."""
+        cohort = live.cohort
+        try:
+            outcome = self._score(cohort, results, live)
+        except Exception as exc:
+            log.exception("aggregation of cohort %s failed", cohort.key)
+            return self.registry.aggregation_failed(
+                cohort, f"aggregation failed: {exc}", self._clock.now()
+            )
+        return self.registry.evaluation_finished(cohort, outcome, self._clock.now())
 
     def _score(
         self, cohort: Cohort, results: Sequence[_PairResult], live: _Live | None = None

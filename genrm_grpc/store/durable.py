@@ -61,6 +61,8 @@ class MemoryDurable:
     def __init__(self) -> None:
         self.records = 0
         self._journal = VerdictJournal()
+        # Every write is done at once: one resolved future per event loop serves them all.
+        self._written: asyncio.Future[None] | None = None
 
     async def open(self, now_wall: float) -> Recovered:
         return Recovered()
@@ -81,9 +83,12 @@ class MemoryDurable:
                 isinstance(record, DropCohort) and not record.keep_verdicts
             ):
                 self._journal.drop(record.key)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        future.set_result(None)
-        return future
+        written = self._written
+        loop = asyncio.get_running_loop()
+        if written is None or written.get_loop() is not loop:
+            written = self._written = loop.create_future()
+            written.set_result(None)
+        return written
 
     async def find_verdict(
         self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool

@@ -788,6 +788,20 @@ async def test_a_group_of_one_gets_the_default_score_without_a_judge_call(
     await assert_no_leaks(rt, judge=judge)
 
 
+async def test_a_group_of_one_is_scored_within_its_submission_with_no_task_or_timer(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    """Nothing to judge: the outcome is there when ``submit`` returns (hot path)."""
+    rt = make_runtime(judge, clock)
+    ticket = accepted(rt.submit(sub(0, size=1)))
+    assert ticket.waiter is not None and ticket.waiter.future.done()
+    assert isinstance(ticket.waiter.future.result(), Completed)
+    assert rt.stats()["owned_tasks"] == 0 and rt.stats()["live_cohorts"] == 0
+    assert clock.pending() == 0  # no collection or evaluation timer was left behind
+    ticket.waiter.release()
+    await assert_no_leaks(rt, judge=judge)
+
+
 async def test_judge_calls_stay_exact_under_a_storm_of_duplicates_and_reconnects(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:

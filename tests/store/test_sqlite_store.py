@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import marshal
 import os
 import signal
 import sqlite3
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from genrm_grpc.cohort.model import CohortKey, MemberCoords
+from genrm_grpc.cohort.model import CohortKey, Failed, MemberCoords
 from genrm_grpc.scoring.types import AnswerTexts
 from genrm_grpc.store.durable import MemoryDurable, store_from_url, validate_store_url
 from genrm_grpc.store.records import (
@@ -26,6 +27,7 @@ from genrm_grpc.store.records import (
     StoreError,
     StoreSchemaError,
     WatermarkRecord,
+    encode_key,
 )
 from genrm_grpc.store.sqlite import SCHEMA_VERSION, SqliteStore
 from tests.store.samples import CTX, KEY, NOW, digest, scope_of, verdict_record
@@ -109,6 +111,33 @@ async def test_a_newer_schema_refuses_to_open(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(StoreSchemaError, match="newer than this server"):
         await SqliteStore(path).open(NOW)
+
+
+async def test_a_schema_2_file_with_an_old_tombstone_record_opens_and_reads_it(
+    tmp_path: Path,
+) -> None:
+    """Schema 3 only marks the narrower tombstone records: a file of the previous
+    server, holding a version-2 record, is migrated and its tombstone reads back."""
+    path = tmp_path / "s.sqlite3"
+    store, _ = await open_store(path)
+    await store.persist([WatermarkRecord(scope_of(KEY), 1, NOW + 60)])
+    await store.close()
+    old_record = marshal.dumps(
+        (2, KEY.group_id, None, KEY.attempt, "", 1, "ab" * 32, NOW, bytes(32), "f", "late", False)
+    )
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO tombstones VALUES (?, ?, ?)", (encode_key(KEY), old_record, NOW + 60))
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+    store, recovered = await open_store(path)
+    await store.close()
+    [tomb] = recovered.tombstones  # type: ignore[attr-defined]
+    assert tomb.tombstone.key == KEY and tomb.tombstone.prompt_digest == "ab" * 32
+    assert tomb.tombstone.failed == Failed("late")
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    conn.close()
 
 
 async def test_a_file_that_is_not_a_database_refuses_to_open(tmp_path: Path) -> None:

@@ -1,0 +1,98 @@
+"""Active cohorts' records are written only to a store that a restart reads back.
+
+``memory://`` keeps nothing across a restart: of a cohort's records it uses only those
+that end it (tombstone and drops, for its verdict index). The registry builds the
+records of active cohorts (headers, members, attempt watermarks) under one switch,
+``journal_active``, which the runtime sets from ``store.survives_restart``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from genrm_grpc.cohort.registry import CohortRegistry
+from genrm_grpc.config import Settings
+from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.store.durable import MemoryDurable
+from genrm_grpc.store.memory import MemoryStore
+from genrm_grpc.store.records import (
+    CohortRecord,
+    DropCohort,
+    MemberRecord,
+    Record,
+    TombstoneRecord,
+    WatermarkRecord,
+)
+from genrm_grpc.store.sqlite import SqliteStore
+from genrm_grpc.testing import ManualClock
+from tests.cohort.support import T0, completed, registry
+from tests.cohort.support import sub as member
+
+from .support import ScriptedJudge
+
+
+def _one_group(reg: CohortRegistry) -> list[Record]:
+    """Every record of a 3-member group that collects, fills and completes."""
+    records: list[Record] = []
+    for i in range(3):
+        decision = reg.submit(member(i), T0)
+        records += decision.records
+    assert decision.cohort is not None
+    ended = reg.evaluation_finished(decision.cohort, completed(3), T0 + 1)
+    assert ended
+    return records + ended.records
+
+
+def test_without_active_journaling_a_group_writes_only_what_ends_it() -> None:
+    reg, _ = registry()
+    reg.journal_active = False
+    kinds = [type(r) for r in _one_group(reg)]
+    assert kinds == [DropCohort, TombstoneRecord]
+
+
+def test_with_active_journaling_a_group_writes_its_header_members_and_watermark() -> None:
+    reg, _ = registry()
+    assert reg.journal_active  # the default: a registry on its own writes everything
+    kinds = [type(r) for r in _one_group(reg)]
+    assert kinds == [
+        WatermarkRecord,  # the attempt is new
+        CohortRecord,  # collecting
+        MemberRecord,
+        MemberRecord,
+        MemberRecord,
+        CohortRecord,  # evaluating
+        WatermarkRecord,  # refreshed when the cohort ends
+        DropCohort,
+        TombstoneRecord,
+    ]
+
+
+def _runtime(store: MemoryDurable | SqliteStore) -> CohortRuntime:
+    settings = Settings(default_principle="")
+    reg = CohortRegistry(settings, MemoryStore(settings))
+    return CohortRuntime(reg, ScriptedJudge(), settings, clock=ManualClock(), store=store)
+
+
+async def test_the_runtime_turns_active_journaling_off_for_memory() -> None:
+    runtime = _runtime(MemoryDurable())
+    assert not runtime.registry.journal_active
+
+
+async def test_the_runtime_keeps_active_journaling_for_a_file_and_a_restart_finds_the_member(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.sqlite3"
+    runtime = _runtime(SqliteStore(path))
+    assert runtime.registry.journal_active
+    await runtime.open()
+    ticket = runtime.submit(member(0))
+    await ticket.persisted()
+    await runtime.close()
+
+    again = SqliteStore(path)
+    recovered = await again.open(0.0)
+    await again.close()
+    [cohort] = recovered.cohorts
+    assert cohort.header.key == member(0).key
+    assert [m.coords.rollout_index for m in cohort.members] == [0]
+    assert [w.scope for w in recovered.watermarks] == [member(0).key.group_scope]
