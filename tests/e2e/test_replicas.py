@@ -503,3 +503,43 @@ async def test_legacy_cohorts_spread_over_replicas_match_a_single_process_and_st
     fenced = await _submit(targets[1], _legacy_member(8, 0, text="a fresh answer"))
     assert fenced.result.replayed and fenced.result.mask_sample
     assert sum(_pair_counts(judge).values()) == calls
+
+
+async def test_a_draining_evaluator_hands_its_cohort_over_at_once_not_after_its_lease(
+    redis_server: RedisServer, judge: FakeJudgeProcess, tmp_path: Path
+) -> None:
+    # A 30 s lease: a takeover that waited for it would blow the bound below.
+    started = [
+        replica_process(
+            redis_server.url,
+            judge.url,
+            tmp_path / f"replica-{n}.log",
+            GENRM_REPLICA_LEASE_S="30",
+            GENRM_SHUTDOWN_GRACE_S="0.05",
+        )
+        for n in range(3)
+    ]
+    with running(started) as replicas:
+        targets = [r.target for r in replicas]
+        client = redis.Redis(port=redis_server.port)
+        early = [
+            asyncio.ensure_future(_submit(targets[k % 2], _member("drain", k), timeout=60))
+            for k in range(SIZE - 1)
+        ]
+        await asyncio.to_thread(until, lambda: _members_stored(client) == SIZE - 1)
+        on_evaluator = asyncio.ensure_future(
+            _submit(targets[2], _member("drain", SIZE - 1), timeout=60)
+        )
+        await asyncio.to_thread(until, lambda: bool(client.keys("genrm:v:*")))
+        stopping = time.monotonic()
+        assert await asyncio.to_thread(replicas[2].stop) == 0  # SIGTERM: a rolling update
+        results = await asyncio.gather(*early)
+        assert time.monotonic() - stopping < 15  # far below the 30 s lease
+        assert all(not r.result.mask_sample for r in results)
+        with pytest.raises(grpc.RpcError) as interrupted:
+            await on_evaluator
+        assert interrupted.value.code() == grpc.StatusCode.UNAVAILABLE
+        # The collector resends the interrupted member elsewhere: replayed, same cohort.
+        again = await _submit(targets[0], _member("drain", SIZE - 1))
+        assert again.result.replayed
+        assert any("took over the evaluation" in r.log.read_text() for r in replicas[:2])
