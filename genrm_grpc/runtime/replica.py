@@ -29,6 +29,7 @@ single process would reach.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -74,6 +75,8 @@ log = logging.getLogger(__name__)
 
 #: How often each replica looks for due deadlines and orphaned evaluations.
 SWEEP_S = 0.25
+#: Group states a replica keeps from its own commits, and keys it saw others write.
+STATE_CACHE = 1024
 #: How long the first event for a cohort waits for others before it is decided.
 BATCH_WINDOW_S = 0.002
 #: How often a replica checks that Redis answers (health) while it does.
@@ -144,6 +147,10 @@ class ReplicaRuntime(CohortRuntime):
         self.store_available = True
         self._on_store_health = on_store_health
         self._queues: dict[CohortKey, list[_Op]] = {}
+        # The group state of this replica's last commit per key, to decide the next event
+        # on without reading it (bounded; keys other replicas also write are not kept).
+        self._states: OrderedDict[CohortKey, tuple[GroupState, CohortRegistry]] = OrderedDict()
+        self._shared_keys: OrderedDict[CohortKey, None] = OrderedDict()
         self._recent_ends: OrderedDict[CohortKey, None] = OrderedDict()
         self._to_fetch: set[CohortKey] = set()
         self._fetcher: asyncio.Task[None] | None = None
@@ -287,8 +294,21 @@ class ReplicaRuntime(CohortRuntime):
         Returns False when ``fence`` was no longer the evaluation's lease (nothing written).
         """
         for attempt in range(MAX_COMMIT_ATTEMPTS):
-            state = await self.shared.load(key)
-            registry, now = self._scratch(state)
+            cached = self._states.pop(key, None)
+            if cached is not None:
+                # The state this replica's own last commit left: no read. Should another
+                # replica have changed the group since, the version check refuses the
+                # commit and the group is read as usual.
+                state, registry = cached
+                now = time.time()
+                if self.registry.draining:
+                    registry.start_draining()
+            else:
+                state = await self.shared.load(key)
+                registry, now = self._scratch(state)
+            state = dataclasses.replace(
+                state, known_active=frozenset(c.key for c in registry.active_cohorts())
+            )
             decisions: list[Decision | _Stale | Exception] = []
             records: list[Record] = []
             ended: list[Cohort] = []
@@ -310,6 +330,12 @@ class ReplicaRuntime(CohortRuntime):
                         frozen = decision.cohort
                 else:
                     ended.extend(decision)
+            if not records and cached is not None:
+                # Nothing to commit, so no version check: make sure the state decided on
+                # is still the group's (an answer from a stale state would be wrong).
+                if await self.shared.version(key) != state.version:
+                    self._unshare(key)
+                    continue
             token = 0
             started = [
                 r.key
@@ -327,9 +353,18 @@ class ReplicaRuntime(CohortRuntime):
                 if committed.lease_lost:
                     return False
                 if not committed.written:
+                    if cached is not None:
+                        self._unshare(key)
                     await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 20)))
                     continue
                 token = committed.token
+                state = dataclasses.replace(state, version=str(int(state.version) + 1))
+            if key not in self._shared_keys and not any(
+                isinstance(result, Exception) for result in decisions
+            ):
+                self._states[key] = (state, registry)
+                if len(self._states) > STATE_CACHE:
+                    self._states.popitem(last=False)
             for started_key in dict.fromkeys(started):
                 self._observer.cohort_started(started_key)
             for cohort in ended:
@@ -350,6 +385,12 @@ class ReplicaRuntime(CohortRuntime):
         raise StoreError(
             f"cohort {key}: its group changed under {MAX_COMMIT_ATTEMPTS} decisions in a row"
         )
+
+    def _unshare(self, key: CohortKey) -> None:
+        """Another replica writes this group too: read it before every decision."""
+        self._shared_keys[key] = None
+        if len(self._shared_keys) > STATE_CACHE:
+            self._shared_keys.popitem(last=False)
 
     def _waiting(self, key: CohortKey) -> int:
         live = self._live.get(key)

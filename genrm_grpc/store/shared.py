@@ -197,9 +197,14 @@ class GroupState:
     #: Active cohorts in the deployment, and the key's principal's, this group's included.
     active_total: int
     active_principal: int
+    #: The group's active cohorts when they are known otherwise than by ``recovered``
+    #: (a replica deciding on the state of its own last commit).
+    known_active: frozenset[CohortKey] | None = None
 
     @property
     def active_keys(self) -> frozenset[CohortKey]:
+        if self.known_active is not None:
+            return self.known_active
         return frozenset(c.header.key for c in self.recovered.cohorts)
 
 
@@ -361,6 +366,11 @@ class SharedGroups:
             active_total=int(total),
             active_principal=int(principal),
         )
+
+    async def version(self, key: CohortKey) -> str:
+        """The group's version now (one round trip, no state)."""
+        raw = await self._call("a version read", self._client.get(self.version_key(key)))
+        return "0" if raw is None else _text(raw)
 
     async def load_evaluation(
         self, key: CohortKey

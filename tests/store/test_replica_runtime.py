@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from genrm_grpc.cohort.model import Completed, Failed
-from genrm_grpc.cohort.registry import CohortRegistry
+from genrm_grpc.cohort.model import Completed, Failed, Reason
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
 from genrm_grpc.runtime.replica import ReplicaRuntime
@@ -84,3 +84,47 @@ async def test_an_evaluation_bug_fails_the_cohort_instead_of_leaving_it_evaluati
     outcomes = await asyncio.wait_for(_group(replica, "buggy"), 30)
     assert all(isinstance(o, Failed) and "evaluation failed" in o.reason for o in outcomes)
     assert replica.stats()["evaluating_here"] == 0
+
+
+async def _runtime(redis_url: str) -> ReplicaRuntime:
+    settings = Settings(store=redis_url)
+    runtime = ReplicaRuntime(
+        CohortRegistry(settings, MemoryStore(settings)),
+        InstantJudge(),
+        settings,
+        shared=SharedGroups(RedisStore(redis_url), lease_s=10),
+    )
+    await runtime.open()
+    return runtime
+
+
+async def test_a_replica_never_answers_from_the_state_of_its_own_last_commit_once_stale(
+    redis_url: str,
+) -> None:
+    """A replica decides the next event of a group on the state its own commit left;
+    another replica's write since then must never let it answer from that state."""
+    one, two = await _runtime(redis_url), await _runtime(redis_url)
+    try:
+        first = await one.submit_shared(sub(0, gid="g", size=SIZE, text="zero"))
+        assert first.disposition is Disposition.ACCEPTED
+        assert one.shared.stats.loads == 1
+        # A second member on the same replica: decided on its cached state, no read.
+        second = await one.submit_shared(sub(1, gid="g", size=SIZE, text="one"))
+        assert second.disposition is Disposition.ACCEPTED
+        assert one.shared.stats.loads == 1
+        # Replica two opens attempt 1 of the group: attempt 0 is superseded.
+        newer = await two.submit_shared(sub(0, gid="g", attempt=1, size=SIZE, text="new"))
+        assert newer.disposition is Disposition.ACCEPTED
+        # The identical resend would be ATTACHED on replica one's cached state (no write,
+        # hence no commit to refuse it): the version check makes it read the group.
+        resend = await one.submit_shared(sub(1, gid="g", size=SIZE, text="one"))
+        assert resend.rejection is not None
+        assert resend.rejection.reason is Reason.ATTEMPT_SUPERSEDED
+        # A write decided on a stale state is refused by the commit and decided again.
+        fresh = await one.submit_shared(sub(1, gid="g", attempt=1, size=SIZE, text="b"))
+        assert fresh.disposition is Disposition.ACCEPTED
+        assert one.shared.stats.loads >= 2
+    finally:
+        for runtime in (one, two):
+            await runtime.shutdown(0)
+            await runtime.close()
