@@ -330,12 +330,15 @@ class ReplicaRuntime(CohortRuntime):
                         frozen = decision.cohort
                 else:
                     ended.extend(decision)
-            if not records and cached is not None:
-                # Nothing to commit, so no version check: make sure the state decided on
-                # is still the group's (an answer from a stale state would be wrong).
-                if await self.shared.version(key) != state.version:
-                    self._unshare(key)
-                    continue
+            # Nothing to commit, so no version check: make sure the state decided on is
+            # still the group's (an answer from a stale state would be wrong).
+            if (
+                not records
+                and cached is not None
+                and await self.shared.version(key) != state.version
+            ):
+                self._unshare(key)
+                continue
             token = 0
             started = [
                 r.key
