@@ -8,9 +8,14 @@ commit means another replica changed the group meanwhile: read and decide again.
 members of one group may reach any replica in any order and the outcome is the one a
 single process would reach.
 
-- **Batching.** Events for the same cohort key that arrive while one of its commits is in
-  flight are decided together on the next read and committed in one round trip: a
-  replica pays one read and one commit per burst, not per member.
+- **Batching.** Events for the same cohort key that arrive within ``BATCH_WINDOW_S`` of
+  the first, or while a decision about it is in flight, are decided together and
+  committed in one round trip: one commit per burst, not per member.
+- **No read after its own commit.** The state a replica's commit leaves is kept (the
+  version read plus one, the registry with the decisions applied) and the next burst
+  for that key is decided on it without a read. A commit still checks the version; a
+  decision that writes nothing checks it with one ``GET`` first. A key another replica
+  wrote in between is read before every later decision.
 - **Waiters** stay on the replica that holds the call. An outcome is committed to a
   mailbox key and its cohort's key published on the replicas' channel in the same
   script; every replica subscribed reads the outcomes its waiters need, and reads
