@@ -41,10 +41,11 @@ after a lost reply writes the same state. Redis does not roll back a script that
 halfway (a key of the wrong type, written by something else): that batch fails,
 possibly partly applied, and the other batches of the commit are retried on their own.
 
-**Fencing.** ``persist(records, lease=...)`` fences a batch by a group lease
-(``genrm_grpc.store.lease``): the script writes it only while that lease is the group's
-current one, else nothing of it, and the future fails with :class:`LeaseLostError`. A
-replica that paused or lost Redis past its lease therefore cannot write a decision.
+**Fencing.** ``persist(records, lease=...)`` fences a batch by a lease
+(``genrm_grpc.store.lease``; the replicas' evaluation lease): the script writes it only
+while that lease's key still holds the lease's value, else nothing of it, and the future
+fails with :class:`LeaseLostError`. A replica that paused or lost Redis past its lease
+therefore cannot journal a verdict.
 
 **Failures.** A connection failure or timeout fails the commit's futures with
 :class:`RedisUnavailableError` naming the address (``redis://HOST:PORT/DB``, never a
@@ -99,7 +100,7 @@ from genrm_grpc.store.records import (
 )
 
 if TYPE_CHECKING:
-    from genrm_grpc.store.lease import GroupLeases, Lease
+    from genrm_grpc.store.lease import Lease
 
 log = logging.getLogger(__name__)
 
@@ -496,12 +497,6 @@ class RedisStore:
             await writer
         await self._client.aclose()
 
-    def leases(self, *, replica: str) -> GroupLeases:
-        """Group leases on this store's Redis connection (``genrm_grpc.store.lease``)."""
-        from genrm_grpc.store.lease import GroupLeases
-
-        return GroupLeases(self._client, replica=replica, address=self.address, prefix=self._prefix)
-
     # ------------------------------------------------------------------ reading
     async def find_verdict(
         self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
@@ -547,10 +542,11 @@ class RedisStore:
 
         It fails with :class:`RedisUnavailableError` when Redis cannot be reached and
         with :class:`StoreError` when the batch cannot be written; a failed batch
-        writes nothing. With ``lease`` (a group lease of :meth:`leases`) the batch is
-        *fenced*: every record must belong to the lease's group, and the batch is
-        written only if the lease is still the group's current one when Redis applies
-        it — else the future fails with :class:`LeaseLostError` and nothing is written.
+        writes nothing. With ``lease`` (an evaluation lease of
+        ``genrm_grpc.store.shared``) the batch is *fenced*: every record must belong to
+        the lease's group, and the batch is written only if the lease is still current
+        when Redis applies it — else the future fails with :class:`LeaseLostError` and
+        nothing is written.
         """
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not records:
@@ -736,7 +732,7 @@ class RedisStore:
     ) -> _Command:
         if lease is None:
             return ("EVALSHA", _APPLY_SHA, len(names) + 1, names[0], *names, "", *args)
-        lease_key = lease.key or f"{self._prefix}:l:{{{group_tag(lease.scope)}}}"
+        lease_key = lease.key
         tag = lease_key[lease_key.index("{") : lease_key.index("}") + 1]
         foreign = next((name for name in names if tag not in name), None)
         if foreign is not None:

@@ -1,5 +1,5 @@
-"""Batches fenced by a group lease, against a real redis-server: written while the lease
-is current, refused whole once another replica took the group over."""
+"""Batches fenced by an evaluation lease, against a real redis-server: written while the
+lease is current, refused whole once another replica took the cohort over."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from genrm_grpc.store.records import (
     WatermarkRecord,
 )
 from genrm_grpc.store.redis import LeaseLostError, RedisStore
+from genrm_grpc.store.shared import SharedGroups
 from tests.store.samples import NOW, PROMPT, digest, scope_of, verdict_record
 
 KEY = CohortKey("job-42/prompt-7", None, 0, "alice")
-SCOPE = scope_of(KEY)
 
 
 def decision(key: CohortKey, slot: int) -> list[Record]:
@@ -39,17 +39,21 @@ async def test_a_stale_lease_holders_batch_is_refused_whole_and_a_neighbour_stil
 ) -> None:
     store = RedisStore(redis_url)
     await store.open(NOW)
-    mine = store.leases(replica="replica-a")
-    lease = await mine.acquire(SCOPE, 0.05)
+    mine = SharedGroups(store, lease_s=0.05, replica="replica-a")
+    lease = await mine.claim(KEY)
     assert lease is not None
     await store.persist(decision(KEY, 0), lease=lease)
 
-    deadline = time.monotonic() + 10
-    while await mine.holder(SCOPE) is not None:  # Redis expires the lease, we only look
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
-    theirs = await store.leases(replica="replica-b").acquire(SCOPE, 10)
-    assert theirs is not None
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + 10
+        while await client.exists(lease.key):  # Redis expires the lease, we only look
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+    finally:
+        await client.aclose()
+    theirs = await SharedGroups(store, lease_s=10, replica="replica-b").claim(KEY)
+    assert theirs is not None and theirs.token > lease.token
 
     other = CohortKey("job-42/prompt-8", None, 0, "alice")
     stale = store.persist([*decision(KEY, 1), verdict_record(KEY, 0, 1)], lease=lease)
@@ -71,7 +75,7 @@ async def test_a_stale_lease_holders_batch_is_refused_whole_and_a_neighbour_stil
 async def test_a_fenced_batch_may_write_only_its_own_group(redis_url: str) -> None:
     store = RedisStore(redis_url)
     await store.open(NOW)
-    lease = await store.leases(replica="replica-a").acquire(SCOPE, 10)
+    lease = await SharedGroups(store, lease_s=10).claim(KEY)
     assert lease is not None
     stranger = CohortKey("job-42/prompt-9", None, 0, "alice")
     with pytest.raises(StoreError, match="fenced by the lease of one group"):
