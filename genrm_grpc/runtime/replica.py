@@ -241,10 +241,14 @@ class ReplicaRuntime(CohortRuntime):
         return stats
 
     # ------------------------------------------------------------------ deciding
+    def _group_registry(self) -> CohortRegistry:
+        """An empty registry, to hold one group restored from Redis."""
+        return CohortRegistry(self.replica_config, MemoryStore(self.replica_config))
+
     def _scratch(self, state: GroupState) -> tuple[CohortRegistry, float]:
         """A registry holding only ``state``'s group, and the wall-clock ``now``."""
         now = time.time()
-        registry = CohortRegistry(self.replica_config, MemoryStore(self.replica_config))
+        registry = self._group_registry()
         registry.restore(state.recovered, now)
         here = len(state.recovered.cohorts)
         registry.count_elsewhere(
@@ -529,8 +533,7 @@ class ReplicaRuntime(CohortRuntime):
                 if entry is None:
                     await self.shared.forget(key)
                 return
-            registry = CohortRegistry(self.replica_config, MemoryStore(self.replica_config))
-            (cohort,) = registry.restore(Recovered(cohorts=(entry,)), time.time())
+            (cohort,) = self._group_registry().restore(Recovered(cohorts=(entry,)), time.time())
             if cohort.phase is not Phase.EVALUATING:
                 return
             live = self._live.get(key)

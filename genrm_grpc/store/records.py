@@ -24,6 +24,16 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.scoring.types import AnswerTexts, Verdict
 
+#: How many recent timings a store keeps for tests, benchmarks and metrics.
+RECENT_SAMPLES = 4096
+
+
+def keep_recent(samples: list[float], value: float) -> None:
+    """Append a timing, dropping the older half once ``RECENT_SAMPLES`` are kept."""
+    if len(samples) >= RECENT_SAMPLES:
+        del samples[: RECENT_SAMPLES // 2]
+    samples.append(value)
+
 
 class StoreError(Exception):
     """A store could not read or write: the affected calls fail, nothing is published."""

@@ -97,6 +97,7 @@ from genrm_grpc.store.records import (
     VerdictRecord,
     WatermarkRecord,
     decode_prompt,
+    keep_recent,
 )
 
 if TYPE_CHECKING:
@@ -621,10 +622,7 @@ class RedisStore:
             self._fail(batches, outcome)
             return
         self.stats.commits += 1
-        samples = self.stats.commit_seconds
-        if len(samples) >= 4096:
-            del samples[:2048]
-        samples.append(time.perf_counter() - started)
+        keep_recent(self.stats.commit_seconds, time.perf_counter() - started)
         for batch, applied in zip(batches, outcome, strict=True):
             if applied != 1:
                 assert batch.lease is not None  # only a fenced batch is refused

@@ -77,6 +77,7 @@ from genrm_grpc.store.records import (
     StoreError,
     TombstoneRecord,
     VerdictRecord,
+    keep_recent,
 )
 from genrm_grpc.store.redis import (
     _OPS,
@@ -287,10 +288,7 @@ class SharedGroups:
             raise StoreError(f"the store {self.address} refused {what}: {exc}") from exc
         finally:
             elapsed = time.perf_counter() - started
-            samples = self.stats.latencies
-            if len(samples) >= 4096:
-                del samples[:2048]
-            samples.append(elapsed)
+            keep_recent(self.stats.latencies, elapsed)
             if self.on_round_trip is not None:
                 self.on_round_trip(elapsed)
 
@@ -504,15 +502,12 @@ class SharedGroups:
         return Committed(True, token=token)
 
     # ------------------------------------------------------------------ evaluation leases
-    def lease_for(self, key: CohortKey, token: int) -> Lease:
+    def lease_for(self, key: CohortKey, token: int, taken_at: float | None = None) -> Lease:
+        """This replica's lease ``token`` on ``key``'s evaluation, valid for ``lease_s``
+        from ``taken_at`` (``time.monotonic()``; now when None)."""
+        started = time.monotonic() if taken_at is None else taken_at
         scope = key.group_scope or _key_text(key)
-        return Lease(
-            scope,
-            self.replica,
-            token,
-            time.monotonic() + self.lease_s,
-            key=self.lease_key(key),
-        )
+        return Lease(scope, self.replica, token, started + self.lease_s, key=self.lease_key(key))
 
     async def claim(self, key: CohortKey) -> Lease | None:
         """Take over an evaluation whose lease is gone; None when someone holds it."""
@@ -532,10 +527,7 @@ class SharedGroups:
         if token is None:
             return None
         self.stats.takeovers += 1
-        scope = key.group_scope or _key_text(key)
-        return Lease(
-            scope, self.replica, int(token), started + self.lease_s, key=self.lease_key(key)
-        )
+        return self.lease_for(key, int(token), started)
 
     async def renew(self, key: CohortKey, lease: Lease) -> Lease | None:
         """The lease extended by ``lease_s``; None when it is no longer this replica's."""

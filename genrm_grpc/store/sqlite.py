@@ -50,6 +50,7 @@ from genrm_grpc.store.records import (
     encode_coords,
     encode_key,
     encode_prompt,
+    keep_recent,
 )
 
 log = logging.getLogger(__name__)
@@ -359,10 +360,7 @@ class SqliteStore:
             self.stats.commits += 1
             self.stats.batches += len(batches)
             self.stats.records += sum(len(b.records) for b in batches)
-            samples = self.stats.commit_seconds
-            if len(samples) >= 4096:
-                del samples[:2048]
-            samples.append(time.perf_counter() - started)
+            keep_recent(self.stats.commit_seconds, time.perf_counter() - started)
         for batch in batches:
             batch.done(error)
 

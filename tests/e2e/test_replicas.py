@@ -89,6 +89,20 @@ def _members_stored(client: redis.Redis) -> int:
     )
 
 
+async def _all_but_the_last(
+    targets: list[str], client: redis.Redis, group: str, timeout: float
+) -> list[asyncio.Future[Any]]:
+    """Members 0..SIZE-2 of ``group`` on replicas 0 and 1, waiting; returns once Redis
+    holds them all (a point read, not a sleep). The last member, sent to replica 2,
+    completes the cohort there, so replica 2 evaluates it."""
+    calls = [
+        asyncio.ensure_future(_submit(targets[k % 2], _member(group, k), timeout=timeout))
+        for k in range(SIZE - 1)
+    ]
+    await asyncio.to_thread(until, lambda: _members_stored(client) == SIZE - 1)
+    return calls
+
+
 def _pair_counts(judge: FakeJudgeProcess) -> dict[str, int]:
     return dict(judge.stats()["pairs"])
 
@@ -406,11 +420,7 @@ async def test_waiters_get_outcomes_published_while_their_replica_was_not_listen
     """The channel is at-most-once: a replica re-reads what it waits for on resubscribing."""
     targets = [r.target for r in replicas]
     client = redis.Redis(port=redis_server.port)
-    waiting = [
-        asyncio.ensure_future(_submit(targets[k % 2], _member("deaf", k), timeout=60))
-        for k in range(SIZE - 1)
-    ]
-    await asyncio.to_thread(until, lambda: _members_stored(client) == SIZE - 1)
+    waiting = await _all_but_the_last(targets, client, "deaf", timeout=60)
     # From before the last member until after the outcome is stored, keep cutting every
     # subscriber's connection: the message about it reaches no replica listening.
     stop = asyncio.Event()
@@ -446,11 +456,7 @@ async def test_a_paused_evaluator_is_taken_over_and_its_late_result_is_never_pub
 ) -> None:
     targets = [r.target for r in replicas]
     client = redis.Redis(port=redis_server.port)
-    early = [
-        asyncio.ensure_future(_submit(targets[k % 2], _member("paused", k), timeout=90))
-        for k in range(SIZE - 1)
-    ]
-    await asyncio.to_thread(until, lambda: _members_stored(client) == SIZE - 1)
+    early = await _all_but_the_last(targets, client, "paused", timeout=90)
     on_evaluator = asyncio.ensure_future(
         _submit(targets[2], _member("paused", SIZE - 1), timeout=90)
     )
@@ -522,11 +528,7 @@ async def test_a_draining_evaluator_hands_its_cohort_over_at_once_not_after_its_
     with running(started) as replicas:
         targets = [r.target for r in replicas]
         client = redis.Redis(port=redis_server.port)
-        early = [
-            asyncio.ensure_future(_submit(targets[k % 2], _member("drain", k), timeout=60))
-            for k in range(SIZE - 1)
-        ]
-        await asyncio.to_thread(until, lambda: _members_stored(client) == SIZE - 1)
+        early = await _all_but_the_last(targets, client, "drain", timeout=60)
         on_evaluator = asyncio.ensure_future(
             _submit(targets[2], _member("drain", SIZE - 1), timeout=60)
         )

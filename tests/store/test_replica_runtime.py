@@ -36,17 +36,21 @@ class InstantJudge:
         return JudgeOutcome(Verdict(4.0, 3.0, 2.5, False), None, 1)
 
 
-@pytest.fixture
-async def replica(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[ReplicaRuntime]:
-    judge = getattr(request, "param", None) or InstantJudge()
+async def _runtime(redis_url: str, judge: InstantJudge | None = None) -> ReplicaRuntime:
     settings = Settings(store=redis_url)
     runtime = ReplicaRuntime(
         CohortRegistry(settings, MemoryStore(settings)),
-        judge,
+        judge or InstantJudge(),
         settings,
         shared=SharedGroups(RedisStore(redis_url), lease_s=10),
     )
     await runtime.open()
+    return runtime
+
+
+@pytest.fixture
+async def replica(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[ReplicaRuntime]:
+    runtime = await _runtime(redis_url, getattr(request, "param", None))
     try:
         yield runtime
     finally:
@@ -84,18 +88,6 @@ async def test_an_evaluation_bug_fails_the_cohort_instead_of_leaving_it_evaluati
     outcomes = await asyncio.wait_for(_group(replica, "buggy"), 30)
     assert all(isinstance(o, Failed) and "evaluation failed" in o.reason for o in outcomes)
     assert replica.stats()["evaluating_here"] == 0
-
-
-async def _runtime(redis_url: str) -> ReplicaRuntime:
-    settings = Settings(store=redis_url)
-    runtime = ReplicaRuntime(
-        CohortRegistry(settings, MemoryStore(settings)),
-        InstantJudge(),
-        settings,
-        shared=SharedGroups(RedisStore(redis_url), lease_s=10),
-    )
-    await runtime.open()
-    return runtime
 
 
 async def test_a_replica_never_answers_from_the_state_of_its_own_last_commit_once_stale(

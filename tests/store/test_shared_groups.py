@@ -7,7 +7,9 @@ interleaving by hand (read here, commit there), so the races are deterministic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 from genrm_grpc.cohort.model import CohortKey, Masked, Tombstone
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition
@@ -20,12 +22,25 @@ from tests.cohort.support import sub
 SETTINGS = Settings(store="memory://", cohort_collection_timeout_s=60.0)
 
 
-async def _replica(url: str, lease_s: float = 5.0) -> SharedGroups:
+async def _replica(url: str, lease_s: float) -> SharedGroups:
     store = RedisStore(url)
     shared = SharedGroups(store, lease_s=lease_s)
     await shared.connect()
     await store.start()
     return shared
+
+
+@contextlib.asynccontextmanager
+async def _two_replicas(
+    url: str, lease_s: float = 5.0
+) -> AsyncIterator[tuple[SharedGroups, SharedGroups]]:
+    """Two replicas' access to one Redis, closed afterwards."""
+    one, two = await _replica(url, lease_s), await _replica(url, lease_s)
+    try:
+        yield one, two
+    finally:
+        await one.store.close()
+        await two.store.close()
 
 
 def _decide(state: GroupState) -> tuple[CohortRegistry, float]:
@@ -36,8 +51,7 @@ def _decide(state: GroupState) -> tuple[CohortRegistry, float]:
 
 
 async def test_a_commit_on_a_stale_read_is_refused_and_writes_nothing(redis_url: str) -> None:
-    one, two = await _replica(redis_url), await _replica(redis_url)
-    try:
+    async with _two_replicas(redis_url) as (one, two):
         key = sub(0).key
         seen_by_one = await one.load(key)
         seen_by_two = await two.load(key)
@@ -56,14 +70,10 @@ async def test_a_commit_on_a_stale_read_is_refused_and_writes_nothing(redis_url:
         reg_one, now = _decide(fresh)
         assert reg_one.submit(sub(0, text="a different answer"), now).rejection is not None
         assert fresh.active_total == 1 and fresh.active_principal == 1
-    finally:
-        await one.store.close()
-        await two.store.close()
 
 
 async def test_an_evaluation_result_under_a_lost_lease_is_refused(redis_url: str) -> None:
-    one, two = await _replica(redis_url, lease_s=0.2), await _replica(redis_url, lease_s=0.2)
-    try:
+    async with _two_replicas(redis_url, lease_s=0.2) as (one, two):
         key = sub(0, size=1).key
         state = await one.load(key)
         reg, now = _decide(state)
@@ -94,52 +104,46 @@ async def test_an_evaluation_result_under_a_lost_lease_is_refused(redis_url: str
         assert await one.renew(key, lease) is None
         # The group is unchanged: still evaluating, under replica two's lease.
         assert (await two.load(key)).recovered.cohorts[0].header.phase == "evaluating"
-    finally:
-        await one.store.close()
-        await two.store.close()
 
 
 async def test_an_ended_cohort_leaves_its_outcome_for_other_replicas_and_a_message(
     redis_url: str,
 ) -> None:
-    one, two = await _replica(redis_url), await _replica(redis_url)
-    client = two.store._client
-    pubsub = client.pubsub(ignore_subscribe_messages=True)
-    await pubsub.subscribe(two.channel)
-    try:
-        key = CohortKey("g", None, 0)
-        state = await one.load(key)
-        reg, now = _decide(state)
-        accepted = reg.submit(sub(0), now)
-        assert (await one.commit(state, accepted.records)).written
-        state = await one.load(key)
-        reg, now = _decide(state)
-        cohort = reg.active(key)
-        assert cohort is not None
-        ended = reg.fail(cohort, "cancelled by a test", now)
-        assert ended
-        outcome = Tombstone(key, 3, cohort.prompt_digest, {}, ended[0].outcome, now)  # type: ignore[arg-type]
-        assert (await one.commit(state, ended.records, ended=[outcome])).written
-        message = None
-        for _ in range(50):
-            message = await pubsub.get_message(timeout=0.1)
-            if message is not None:
-                break
-        assert message is not None and message["data"].decode().startswith('["g"')
-        found = await two.outcomes([key, CohortKey("never", None, 0)])
-        assert list(found) == [key]
-        assert not isinstance(found[key].outcome, Masked)
-        assert (await two.load(key)).active_total == 0  # the count went back down
-        assert await two.due(time.time() + 3600) == []  # and its deadline left the index
-    finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
-        await one.store.close()
-        await two.store.close()
+    async with _two_replicas(redis_url) as (one, two):
+        client = two.store._client
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(two.channel)
+        try:
+            key = CohortKey("g", None, 0)
+            state = await one.load(key)
+            reg, now = _decide(state)
+            accepted = reg.submit(sub(0), now)
+            assert (await one.commit(state, accepted.records)).written
+            state = await one.load(key)
+            reg, now = _decide(state)
+            cohort = reg.active(key)
+            assert cohort is not None
+            ended = reg.fail(cohort, "cancelled by a test", now)
+            assert ended
+            outcome = Tombstone(key, 3, cohort.prompt_digest, {}, ended[0].outcome, now)  # type: ignore[arg-type]
+            assert (await one.commit(state, ended.records, ended=[outcome])).written
+            message = None
+            for _ in range(50):
+                message = await pubsub.get_message(timeout=0.1)
+                if message is not None:
+                    break
+            assert message is not None and message["data"].decode().startswith('["g"')
+            found = await two.outcomes([key, CohortKey("never", None, 0)])
+            assert list(found) == [key]
+            assert not isinstance(found[key].outcome, Masked)
+            assert (await two.load(key)).active_total == 0  # the count went back down
+            assert await two.due(time.time() + 3600) == []  # and its deadline left the index
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
 async def test_a_released_evaluation_is_due_for_takeover_at_once(redis_url: str) -> None:
-    one, two = await _replica(redis_url, lease_s=60), await _replica(redis_url, lease_s=60)
-    try:
+    async with _two_replicas(redis_url, lease_s=60) as (one, two):
         key = sub(0, size=1).key
         state = await one.load(key)
         reg, now = _decide(state)
@@ -148,6 +152,3 @@ async def test_a_released_evaluation_is_due_for_takeover_at_once(redis_url: str)
         await one.release(key, one.lease_for(key, taken.token))
         assert await two.orphaned(time.time()) == [key]
         assert await two.claim(key) is not None
-    finally:
-        await one.store.close()
-        await two.store.close()
