@@ -28,6 +28,7 @@ from genrm_cohort_client import ChannelOptions, CohortClient, RetryPolicy
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from genrm_grpc.testing.redis_server import RedisServer
+from tests.docs.stop_statement import documented_waiter_reason
 from tests.e2e.support import error_reason, running, until
 from tests.judge.processes import FakeJudgeProcess, RestartableServer, free_port
 
@@ -541,6 +542,7 @@ async def test_a_draining_evaluator_hands_its_cohort_over_at_once_not_after_its_
         with pytest.raises(grpc.RpcError) as interrupted:
             await on_evaluator
         assert interrupted.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_reason(interrupted.value) == documented_waiter_reason("redis")
         # The collector resends the interrupted member elsewhere: replayed, same cohort.
         again = await _submit(targets[0], _member("drain", SIZE - 1))
         assert again.result.replayed

@@ -11,6 +11,7 @@ from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient, status_error_info
 
 from genrm_grpc.testing import FakeJudgeServer
+from tests.docs.stop_statement import documented_waiter_reason
 
 from .conftest import CALL_ERRORS, PROMPT, StartServer, SubmitProbe, call_error, candidate, member
 
@@ -193,18 +194,20 @@ async def test_get_cohort_reports_phase_and_missing_slots_and_not_found(
 
 
 @pytest.mark.parametrize(
-    ("store", "reason", "words"),
+    ("store", "kind", "words"),
     [
         # Nothing outlives the process: the cohort fails for good.
-        ("memory://", "COHORT_FAILED", "shutting down"),
+        ("memory://", "memory", "shutting down"),
         # The file keeps the cohort for the next process: the call is only interrupted.
-        (None, "SHUTTING_DOWN", "kept in its store"),
+        (None, "sqlite", "kept in its store"),
     ],
     ids=["memory", "sqlite"],
 )
-async def test_shutdown_refuses_new_cohorts_and_ends_waiting_calls_by_store(
-    start_server: StartServer, store: str | None, reason: str, words: str
+async def test_shutdown_refuses_new_cohorts_and_ends_waiting_calls_as_the_stop_page_says(
+    start_server: StartServer, store: str | None, kind: str, words: str
 ) -> None:
+    # The expected reason is the one docs/durability.md states for this store.
+    reason = documented_waiter_reason(kind)
     extra = {} if store is None else {"store": store}
     server, client = await start_server(shutdown_grace_s=0.5, **extra)
     probe = SubmitProbe(server)
