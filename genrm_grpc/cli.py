@@ -117,7 +117,9 @@ def _health(argv: list[str]) -> int:
         "names, on loopback when it listens on all addresses",
     )
     parser.add_argument("--service", default="", help="service name ('' = the whole server)")
-    parser.add_argument("--timeout-s", type=float, default=5.0)
+    parser.add_argument(
+        "--timeout-s", type=float, default=5.0, help="deadline of the health check (default 5)"
+    )
     parser.add_argument("--tls", action="store_true", help="connect with TLS")
     parser.add_argument("--ca-file", help="PEM CA bundle to verify the server (implies --tls)")
     parser.add_argument("--cert-file", help="client certificate for mTLS (implies --tls)")

@@ -73,7 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="on ABORTED, resubmit the same answers as attempt + 1 up to this many attempts",
     )
-    p.add_argument("--max-message-mib", type=float, default=16.0)
+    p.add_argument(
+        "--max-message-mib",
+        type=float,
+        default=16.0,
+        help="largest gRPC message sent or received, in MiB (default 16; the server's "
+        "max_message_bytes must allow it too)",
+    )
     p.add_argument("--tls", action="store_true", help="use TLS (system roots unless given)")
     p.add_argument("--root-certs", type=Path, help="PEM root certificates (implies --tls)")
     p.add_argument("--client-cert", type=Path, help="PEM client certificate chain (mTLS)")
@@ -83,8 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-env", help="name of an env var holding a bearer token (authorization header)"
     )
     progress = p.add_mutually_exclusive_group()
-    progress.add_argument("--progress", dest="progress", action="store_true", default=None)
-    progress.add_argument("--no-progress", dest="progress", action="store_false")
+    progress.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="show groups done / failed / in flight on stderr (the default, unless --quiet)",
+    )
+    progress.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress line"
+    )
     p.add_argument("--quiet", action="store_true", help="no messages on stderr")
     return p
 

@@ -68,6 +68,37 @@ def test_each_command_help_is_plain_text(name: str) -> None:
     assert "`" not in done.stdout
 
 
+def _options_without_help(text: str) -> list[str]:
+    """Option lines of an argparse help text with no description after them."""
+    lines = text.splitlines()
+    bare = []
+    for n, line in enumerate(lines):
+        if not re.match(r"^  -", line):
+            continue
+        spec, _, described = line.strip().partition("  ")
+        following = lines[n + 1] if n + 1 < len(lines) else ""
+        wrapped = re.match(r"^ {6,}\S", following) is not None and not following.strip().startswith(
+            "-"
+        )
+        if not described.strip() and not wrapped:
+            bare.append(spec)
+    return bare
+
+
+def test_the_option_check_finds_an_option_without_help() -> None:
+    text = (
+        "options:\n  -h, --help  show this\n  --bare VALUE\n"
+        "  --long-one LONG\n                        wrapped help\n"
+    )
+    assert _options_without_help(text) == ["--bare VALUE"]
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_option_of_every_command_has_help_text(name: str) -> None:
+    done = _run(name, "--help")
+    assert _options_without_help(done.stdout) == []
+
+
 def test_the_readme_lists_every_command() -> None:
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     for name in COMMANDS:
