@@ -10,6 +10,9 @@ import sys
 
 import pytest
 import yaml
+from nemo_gym.config_types import ConfigMissingValuesError
+from nemo_gym.global_config import GlobalConfigDictParser
+from omegaconf import DictConfig, OmegaConf
 from resources_servers.genrm_compare.app import GenRMCompareConfig
 
 from genrm_grpc import gym_config
@@ -118,10 +121,50 @@ def test_use_principle_takes_gyms_default_principle_from_nemo_gym() -> None:
     )
 
 
-def test_this_servers_example_config_validates_as_its_gym_config() -> None:
-    data = yaml.safe_load((HERE / "configs/genrm_grpc_compare.yaml").read_text())
-    block = data["genrm_grpc_compare_resources_server"]["resources_servers"]["genrm_grpc_compare"]
+def _parse_with_gym(**overrides: object) -> DictConfig:
+    """This server's config as Gym's own parser composes it from one config_paths entry."""
+    # The policy models a training config brings (as in genrm_compare.yaml's agents).
+    policy = {"responses_api_models": {"dummy_model": {"entrypoint": "app.py"}}}
+    initial = {
+        "config_paths": [str(HERE / "configs/genrm_grpc_compare.yaml")],
+        "policy_model": policy,
+        "policy_model_reasoning_off": policy,
+        **overrides,
+    }
+    return GlobalConfigDictParser().parse_no_environment(OmegaConf.create(initial))
+
+
+def test_the_shipped_config_names_the_values_a_gym_user_must_set_when_they_are_unset() -> None:
+    with pytest.raises(ConfigMissingValuesError) as caught:
+        _parse_with_gym()
+    message = str(caught.value)
+    assert "++genrm_grpc_target=<value>" in message
+    assert "++genrm_grpc_num_rollouts_per_prompt=<value>" in message
+
+
+def test_one_config_paths_entry_and_two_values_give_a_valid_server_and_genrm_compares_agents() -> (
+    None
+):
+    parsed = _parse_with_gym(
+        genrm_grpc_target="genrm-grpc.example:50051", genrm_grpc_num_rollouts_per_prompt=8
+    )
+    block = OmegaConf.to_container(
+        parsed["genrm_grpc_compare_resources_server"]["resources_servers"]["genrm_grpc_compare"],
+        resolve=True,
+    )
+    assert isinstance(block, dict)
     config = GenRMGrpcCompareConfig.model_validate(
         block | {"name": "genrm_grpc_compare_resources_server", "host": "127.0.0.1", "port": 0}
     )
-    assert config.grpc_target == "127.0.0.1:50051" and config.num_rollouts_per_prompt == 16
+    assert config.grpc_target == "genrm-grpc.example:50051"
+    assert config.num_rollouts_per_prompt == 8
+    # The agents keep genrm_compare's names: rollout data needs no change.
+    gym_agents = {
+        name
+        for name, value in yaml.safe_load(shipped_config().read_text()).items()
+        if isinstance(value, dict) and "responses_api_agents" in value
+    }
+    assert gym_agents == {"genrm_simple_agent", "genrm_simple_agent_reasoning_off"}
+    for name in gym_agents:
+        agent = parsed[name]["responses_api_agents"]["simple_agent"]
+        assert agent["resources_server"]["name"] == "genrm_grpc_compare_resources_server"
