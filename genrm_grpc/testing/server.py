@@ -30,6 +30,7 @@ import logging
 import math
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -250,6 +251,16 @@ class _FakeJudgeHTTPServer(ThreadingHTTPServer):
             with self._connections_lock:
                 self._connections.discard(request)
         super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-request is routine (a cancelled or hedged judge
+        call closes its connection): note it at DEBUG. socketserver's default prints a
+        traceback on stderr, which lands in the middle of a test run's output."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            logger.debug("client %s went away mid-request: %r", client_address, exc)
+        else:
+            logger.exception("fake judge: error while serving %s", client_address)
 
     def drop_connections(self) -> None:
         """Wake idle keep-alive handlers so that stopping does not wait on clients."""

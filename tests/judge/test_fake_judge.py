@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import random
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -291,6 +294,38 @@ def _raw_exchange(fake: FakeJudgeServer) -> tuple[socket.socket, bytes]:
     sock = socket.create_connection((fake.host, fake.port), timeout=10)
     sock.sendall(request)
     return sock, request
+
+
+class _Noted(logging.Handler):
+    def __init__(self, words: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.words, self.seen = words, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.words in record.getMessage():
+            self.seen.set()
+
+
+def test_a_client_that_hangs_up_mid_request_prints_no_traceback_and_serving_goes_on(
+    server: FakeJudgeServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    noted = _Noted("went away mid-request")
+    log = logging.getLogger("genrm_grpc.testing.server")
+    log.addHandler(noted)
+    level = log.level
+    log.setLevel(logging.DEBUG)
+    try:
+        sock = socket.create_connection((server.host, server.port), timeout=10)
+        sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: judge\r\nContent-Length: 999\r\n\r\n{")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset with the body half sent, as a cancelled judge call does
+        assert noted.seen.wait(10)
+    finally:
+        log.removeHandler(noted)
+        log.setLevel(level)
+    assert "Traceback" not in capfd.readouterr().err
+    status, _, _ = _post(server, "/v1/responses", _responses_body(GOOD, SHORT))
+    assert status == 200
 
 
 def test_reset_fault_aborts_the_connection_without_a_response() -> None:
