@@ -7,16 +7,18 @@ HTTP 408/429/5xx, connection failures, interrupted bodies and invalid JSON bodie
 spend it. Other HTTP errors (400, 401, 404, ...) and an expired per-request deadline fail
 at once.
 
-When the budget is spent, the outcome depends on whether *any* attempt of the comparison
-produced a completed judge answer, not on the order of the failures:
+When the budget is spent, ``scoring.verdict.after_failed_attempt`` decides, as NeMo
+Gym's genrm_compare does (the table is in docs/protocol.md):
 
-* some attempt got a completed, non-empty answer that did not parse into a verdict (or
-  an answer over ``max_response_bytes``) → the neutral default verdict, flagged
-  ``parse_failed`` (GenRM convention), whatever the other attempts ended in;
-* no attempt got one (transport or HTTP failures, incomplete answers, empty answers on
-  every attempt) → ``JudgeFailedError``. The caller masks the group instead of inventing
-  a reward. NeMo Gym's genrm_compare differs here on purpose: it turns every exception
-  into the default verdict, which silently fabricates rewards.
+* the last attempt got no answer (HTTP 408/429/5xx, a connection failure, an
+  interrupted or non-JSON body) → ``JudgeFailedError``, whatever the earlier attempts
+  ended in;
+* the last attempt got an answer without a verdict (unparseable, empty, incomplete) →
+  the neutral default verdict, flagged ``parse_failed`` (GenRM convention), if *some*
+  attempt got a completed, non-empty answer that did not parse into a verdict (or an
+  answer over ``max_response_bytes``), in any order; else ``JudgeFailedError``.
+
+The caller masks the group on ``JudgeFailedError`` instead of inventing a reward.
 
 Outage tolerance (``judge_outage_tolerance_s`` > 0): connection failures, resets, interrupted
 bodies, HTTP 502/503/504 and per-request timeouts are retried with the same backoff for
@@ -57,7 +59,12 @@ import orjson
 from genrm_grpc.judge.redact import Redactor, redact_url, split_userinfo
 from genrm_grpc.observability.hooks import ComparisonOutcome, JudgeObserver, NullJudgeObserver
 from genrm_grpc.scoring.types import Verdict
-from genrm_grpc.scoring.verdict import parse_verdict
+from genrm_grpc.scoring.verdict import (
+    AttemptEnd,
+    AttemptsDecision,
+    after_failed_attempt,
+    parse_verdict,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +269,21 @@ class _AttemptFailed(Exception):
         self.log_detail = detail if log_detail is None else log_detail
         #: Set by the client: whether this failure spent the retry budget.
         self.spent_budget = True
+        #: Set by the client when this failure ended the comparison.
+        self.decision: AttemptsDecision = "judge_failed"
+
+
+_ANSWER_KINDS = frozenset({"empty_answer", "incomplete", "incomplete_max_output_tokens"})
+"""Failure kinds of an attempt the judge answered (HTTP 2xx) without a completed answer."""
+
+
+def _attempt_end(failure: _AttemptFailed) -> AttemptEnd:
+    """How a failed attempt ended, in the terms of ``after_failed_attempt``."""
+    if failure.answered:
+        return "unparseable"
+    if failure.kind in _ANSWER_KINDS:
+        return "unusable_answer"
+    return "no_answer"
 
 
 class _Deadline(Exception):
@@ -483,7 +505,13 @@ class JudgeClient:
                     verdict = await self._attempt(body, tally)
                     break
                 except _AttemptFailed as failure:
-                    if tally.budget_spent >= max_attempts:
+                    decision = after_failed_attempt(
+                        _attempt_end(failure),
+                        answered=tally.answered,
+                        budget_left=tally.budget_spent < max_attempts,
+                    )
+                    if decision != "retry":
+                        failure.decision = decision
                         raise
                     wait = self._backoff.wait(tally.attempts, failure)
                     self._log_retry(failure, tally, wait, max_attempts, swap)
@@ -493,7 +521,7 @@ class JudgeClient:
             outcome = "cancelled"
             raise
         except _AttemptFailed as last:
-            if not tally.answered:
+            if last.decision == "judge_failed":
                 raise JudgeFailedError(self._exhausted_reason(last, tally)) from None
             outcome = "default_verdict"
             logger.warning(

@@ -21,11 +21,17 @@ import contextlib
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 from genrm_grpc.scoring.types import Verdict
 
-__all__ = ["find_json_objects", "parse_verdict"]
+__all__ = [
+    "AttemptEnd",
+    "AttemptsDecision",
+    "after_failed_attempt",
+    "find_json_objects",
+    "parse_verdict",
+]
 
 _FENCE_OPEN = re.compile(r"```json", re.IGNORECASE)
 _FENCE_CLOSE = "```"
@@ -287,3 +293,50 @@ def parse_verdict(
         return last
     except _Unparseable:
         return None
+
+
+# --------------------------------------------------------------------------------------
+# What a comparison's failed attempts add up to
+# --------------------------------------------------------------------------------------
+
+AttemptEnd = Literal["unparseable", "unusable_answer", "no_answer"]
+"""How one judge attempt ended without a verdict.
+
+* ``unparseable`` — the judge completed a non-empty answer that holds no usable verdict
+  (or one larger than ``judge.max_response_bytes``);
+* ``unusable_answer`` — the judge answered (HTTP 2xx) but not with a completed,
+  non-empty answer: empty text, or incomplete (output budget exhausted, any other
+  unfinished status);
+* ``no_answer`` — no answer came back: HTTP 408, 429 or 5xx, a connection failure, a
+  reset or interrupted body, a body that is not JSON.
+
+Final failures (an HTTP status other than 408/429/5xx, an expired per-request deadline)
+end the comparison at once as a judge failure and never reach this decision.
+"""
+
+AttemptsDecision = Literal["retry", "default_verdict", "judge_failed"]
+
+
+def after_failed_attempt(end: AttemptEnd, *, answered: bool, budget_left: bool) -> AttemptsDecision:
+    """What happens after an attempt that gave no verdict: NeMo Gym's genrm_compare rule.
+
+    ``answered``: some attempt of this comparison so far, this one included, ended
+    ``unparseable``. ``budget_left``: the retry budget (``genrm_parse_retries``) allows
+    another attempt.
+
+    While budget is left, every such attempt is retried. When it is spent, the *last*
+    attempt decides, with the earlier ones only counting through ``answered``:
+
+    * it got no answer (``no_answer``) → ``judge_failed``, whatever came before it (an
+      unparseable first answer followed by 503s is masked, as in Gym, whose transport
+      and HTTP failures on the final attempt always raise its ``JudgeError``);
+    * it got an answer (``unparseable`` or ``unusable_answer``) → ``default_verdict``
+      if any attempt got a completed non-empty answer, else ``judge_failed``; the order
+      of those answers does not matter (malformed then empty, or empty then malformed,
+      both give the default verdict).
+    """
+    if budget_left:
+        return "retry"
+    if end == "no_answer" or not answered:
+        return "judge_failed"
+    return "default_verdict"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from genrm_grpc.config import Settings
-from genrm_grpc.judge.client import JudgeClient, JudgeInput
+from genrm_grpc.judge.client import JudgeClient, JudgeFailedError, JudgeInput
 from tests.judge.processes import FakeJudgeProcess
 from tests.judge.views import judge_settings
 
@@ -79,9 +79,10 @@ async def test_an_answer_over_max_response_bytes_fails_like_an_unparseable_one(
     assert kinds.count("oversized") == 2
 
 
-async def test_an_oversized_answer_then_transport_failures_still_falls_back() -> None:
-    # A completed (if oversized) answer once is enough for the default verdict, even
-    # when the judge is gone for the later attempts.
+async def test_an_oversized_answer_then_transport_failures_is_masked() -> None:
+    # An oversized answer counts as a completed one, but the judge is gone for the
+    # later attempts: the last attempt got no answer, so the comparison fails (masked)
+    # rather than falling back to the default verdict (NeMo Gym's rule).
     down: list[FakeJudgeProcess] = []
 
     with FakeJudgeProcess() as process:
@@ -94,10 +95,12 @@ async def test_an_oversized_answer_then_transport_failures_still_falls_back() ->
 
         config = _config(url, genrm_parse_retries=2, max_response_bytes=200)
         async with JudgeClient(config, connect_retries=0, sleep=stop_judge) as client:
-            outcome = await client.judge(INPUT)
+            with pytest.raises(JudgeFailedError) as failure:
+                await client.judge(INPUT)
 
-    assert outcome.attempts == 3
-    assert outcome.verdict.parse_failed
+    assert "after 3 attempt(s)" in failure.value.reason
+    assert "oversized×1" in failure.value.reason
+    assert "cannot connect" in failure.value.reason
 
 
 async def test_large_bodies_are_decoded_and_parsed_in_a_worker_thread(
