@@ -265,6 +265,9 @@ class _Live:
     #: journal writes of its passes (the outcome is committed after them).
     lease: Any = None
     journal_writes: list[asyncio.Future[None]] = field(default_factory=list)
+    #: Slots whose member record is known to be in the store (eager pairs start only
+    #: between those).
+    durable_slots: set[int] = field(default_factory=set)
 
 
 class CohortRuntime:
@@ -335,7 +338,7 @@ class CohortRuntime:
         cohorts = self.registry.restore(recovered, now)
         self._resume.extend(recovered.verdicts)
         for cohort in cohorts:
-            live = _Live(cohort=cohort)
+            live = _Live(cohort=cohort, durable_slots=set(cohort.members))
             self._live[cohort.key] = live
             self._observer.cohort_started(cohort.key)
             if cohort.phase is Phase.EVALUATING:
@@ -634,13 +637,41 @@ class CohortRuntime:
         live.waiters.setdefault(sub.rollout_index, set()).add(waiter)
         ticket.waiter = waiter
         if decision.disposition is Disposition.ACCEPTED:
+            # Judging starts only from what a restart would see: once the member's
+            # record is in the store (and so after its "accepted", which waits for the
+            # same write).
             if decision.frozen:
-                self._start_evaluation(live)
-            elif self.config.judge_schedule == "eager":
-                self._start_ready_pairs(live, sub.rollout_index)
+                self._start_evaluation(live, ticket.durable)
+            else:
+                self._when_member_durable(live, sub.rollout_index, ticket.durable)
         return ticket
 
-    def _start_evaluation(self, live: _Live) -> None:
+    def _when_member_durable(
+        self, live: _Live, slot: int, durable: asyncio.Future[None] | None
+    ) -> None:
+        """Note ``slot`` as stored once ``durable`` succeeds; eager: start its passes."""
+
+        def stored(done: asyncio.Future[None] | None) -> None:
+            if done is not None and (done.cancelled() or done.exception() is not None):
+                return  # a resend writes it again (live.unwritten); the freeze waits too
+            if self._live.get(live.cohort.key) is not live:
+                return
+            live.durable_slots.add(slot)
+            if self.config.judge_schedule == "eager":
+                self._start_ready_pairs(live, slot)
+
+        if durable is None or durable.done():
+            stored(durable)
+        else:
+            durable.add_done_callback(stored)
+
+    def _start_evaluation(self, live: _Live, durable: asyncio.Future[None] | None = None) -> None:
+        """Judge a frozen cohort, once ``durable`` (the write that froze it) succeeded.
+
+        The evaluation deadline runs from the freeze and the evaluation counts as
+        running (shutdown's grace waits for it) while the write is outstanding; a failed
+        write is retried every ``REWRITE_DELAY_S`` with the cohort's records.
+        """
         cohort = live.cohort
         if live.collection_timer is not None:
             live.collection_timer.cancel()
@@ -660,6 +691,35 @@ class CohortRuntime:
         )
         self._evaluating += 1
         self._no_evaluations.clear()
+        if durable is None or durable.done():
+            self._evaluate_when_durable(live, durable)
+        else:
+            durable.add_done_callback(functools.partial(self._evaluate_when_durable, live))
+
+    def _evaluate_when_durable(self, live: _Live, durable: asyncio.Future[None] | None) -> None:
+        cohort = live.cohort
+        if self._live.get(cohort.key) is not live:
+            self._evaluation_ended()  # it ended (deadline, cancel, shutdown) meanwhile
+            return
+        if durable is not None and (durable.cancelled() or durable.exception() is not None):
+            if self._closed:
+                self._evaluation_ended()
+                return
+
+            def again() -> None:
+                if self._live.get(cohort.key) is not live:
+                    self._evaluation_ended()
+                    return
+                write = self._persist(self.registry.active_records(cohort))
+                if write is None or write.done():
+                    self._evaluate_when_durable(live, write)
+                else:
+                    write.add_done_callback(functools.partial(self._evaluate_when_durable, live))
+
+            # The runtime's clock, so that tests drive the retries by hand.
+            self._clock.call_at(self._clock.now() + REWRITE_DELAY_S, again)
+            return
+        live.durable_slots.update(cohort.members)
         live.eval_task = self._own(self._evaluate(live), name=f"evaluate {cohort.key}")
         # A done callback, not a finally: a task cancelled before its first step never
         # runs its body.
@@ -676,7 +736,7 @@ class CohortRuntime:
     def _start_ready_pairs(self, live: _Live, arrived: int) -> None:
         """Eager: start the passes of the member that arrived whose partners are present."""
         cohort = live.cohort
-        for job in self._plan.passes_with(cohort.group_size, arrived, cohort.members.keys()):
+        for job in self._plan.passes_with(cohort.group_size, arrived, live.durable_slots):
             if job.order not in live.pair_tasks:
                 self._start_pair(live, job)
 

@@ -185,3 +185,72 @@ async def test_retries_stop_when_the_runtime_is_closed(
     clock.advance(100 * REWRITE_DELAY_S)
     await settle()
     assert len(store.attempts) <= attempts + 1  # at most the retry already scheduled
+
+
+class HeldStore(FlakyStore):
+    """A FlakyStore whose successful writes complete only when the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[asyncio.Future[None]] = []
+
+    def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        stored = super().persist(records)
+        if stored.exception() is not None:
+            return stored
+        held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.held.append(held)
+        return held
+
+    def commit(self) -> None:
+        for held in self.held:
+            held.set_result(None)
+        self.held.clear()
+
+
+async def test_a_cohort_is_judged_only_once_the_write_that_completed_it_is_stored(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    store = HeldStore()
+    rt = runtime_over(store, judge, clock)
+    calls = [asyncio.ensure_future(answer(rt.submit(sub(k)))) for k in range(3)]
+    await settle()
+    # Complete in memory, but a restart would not see its members yet: no judge call.
+    assert store.held and judge.calls == []
+    store.commit()
+    await settle()
+    assert len(judge.calls) == 3  # circular: 3 passes
+    judge.release_all()
+    await settle()
+    store.commit()  # the verdicts and the outcome
+    await settle()
+    assert all(isinstance(call.result(), Completed) for call in calls)
+    await rt.shutdown(0)
+    await rt.close()
+
+
+async def test_a_completing_member_whose_write_fails_is_written_again_before_judging(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    store = FlakyStore()
+    rt = runtime_over(store, judge, clock)
+    first = [asyncio.ensure_future(answer(rt.submit(sub(k)))) for k in range(2)]
+    await settle()
+    store.failures = 2
+    last = asyncio.ensure_future(answer(rt.submit(sub(2))))
+    await settle()
+    assert last.done() and interrupted_by_store(last.result())
+    assert judge.calls == [] and not any(call.done() for call in first)
+    clock.advance(REWRITE_DELAY_S)  # the cohort's records again: that write fails too
+    await settle()
+    assert judge.calls == []
+    clock.advance(REWRITE_DELAY_S)  # stored now: judging starts
+    await settle()
+    assert len(judge.calls) == 3
+    slots = [r.coords.rollout_index for r in store.written if isinstance(r, MemberRecord)]
+    assert sorted(set(slots)) == [0, 1, 2]
+    judge.release_all()
+    await settle()
+    assert all(isinstance(call.result(), Completed) for call in first)
+    await rt.shutdown(0)
+    await rt.close()

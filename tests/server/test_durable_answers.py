@@ -16,6 +16,7 @@ from pathlib import Path
 from genrm.cohort.v1 import cohort_pb2 as pb
 
 from genrm_grpc.cohort.model import CohortKey, Tombstone
+from genrm_grpc.testing import FakeJudgeServer
 from tests.server.conftest import StartServer
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])
@@ -43,19 +44,24 @@ def _write_lock(store: Path) -> Iterator[None]:
 
 
 async def test_a_stream_waits_for_a_replay_whose_outcome_is_still_being_written(
-    start_server: StartServer, tmp_path: Path
+    start_server: StartServer, fake_judge: FakeJudgeServer, tmp_path: Path
 ) -> None:
     store = tmp_path / "held.sqlite3"
     server, client = await start_server(store=f"sqlite:///{store}")
     key = CohortKey("held", None, 0)
     group = client.stub.StreamGroups()
     resend = client.stub.StreamGroups()  # a second stream that holds nothing else
+    fake_judge.set_faults(hang_rate=1.0)
+    await group.write(_request(0))
+    await group.write(_request(1))
+    await group.done_writing()
+    # Judging starts once the members are stored; the passes hang at the judge.
+    assert await asyncio.to_thread(fake_judge.wait_for_requests, 2, 30)
     with _write_lock(store):
-        await group.write(_request(0))
-        await group.write(_request(1))
-        await group.done_writing()
-        # The group is judged and complete in memory, but its records wait for the lock.
-        for _ in range(3000):  # the judge is a real HTTP server: up to 30 s
+        # The judge goes away: the hung passes fail and the group is complete (masked)
+        # in memory, but its outcome's records wait for the lock.
+        await asyncio.to_thread(fake_judge.stop)
+        for _ in range(3000):  # up to 30 s
             if isinstance(server.registry.lookup(key, server.runtime.now()), Tombstone):
                 break
             await asyncio.sleep(0.01)
