@@ -31,6 +31,8 @@ VOLUME ["/var/lib/genrm"]
 COPY docker/server.yaml /etc/genrm/server.yaml
 USER genrm
 EXPOSE 50051
+# It checks the cohort service: unhealthy while the server drains or its judge is
+# unreachable (docs/deploy.md says when to check the process only, with --service "").
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s \
     CMD ["genrm-grpc", "health", "--config", "/etc/genrm/server.yaml"]
 ENTRYPOINT ["genrm-grpc", "serve"]

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 
 from genrm_grpc.config import ConfigError, load_settings
 
+#: The gRPC service whose health ``genrm-grpc health`` reports by default (the server's
+#: ``SERVICE_NAME``; spelled out so that the command does not load the protobuf modules).
+COHORT_SERVICE = "genrm.cohort.v1.CohortService"
+
 # Flags for the settings operators change most; everything else via YAML or GENRM_*.
 _FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--listen", "listen", str),
@@ -103,7 +107,11 @@ def _serve(argv: list[str]) -> int:
 def _health(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="genrm-grpc health",
-        description="Check grpc.health.v1: exit 0 only when the service is SERVING.",
+        description="Check grpc.health.v1: exit 0 only when the service is SERVING. By "
+        f"default the cohort service ({COHORT_SERVICE}), which is NOT_SERVING while the "
+        "server drains or its judge (or shared store) is unreachable: a readiness check. "
+        "--service '' checks the server as a whole, SERVING until it drains: a liveness "
+        "check. The line printed names the service it reports.",
     )
     parser.add_argument(
         "--server",
@@ -116,7 +124,11 @@ def _health(argv: list[str]) -> int:
         help="the server's YAML config: check the port its listen key (or GENRM_LISTEN) "
         "names, on loopback when it listens on all addresses",
     )
-    parser.add_argument("--service", default="", help="service name ('' = the whole server)")
+    parser.add_argument(
+        "--service",
+        default=COHORT_SERVICE,
+        help=f"service to check (default: {COHORT_SERVICE}; '' = the whole server)",
+    )
     parser.add_argument(
         "--timeout-s", type=float, default=5.0, help="deadline of the health check (default 5)"
     )
@@ -186,6 +198,12 @@ def _health(argv: list[str]) -> int:
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     print(f"{args.server} {args.service or '(overall)'}: {status}")
+    if status == "NOT_SERVING" and args.service == COHORT_SERVICE:
+        print(
+            "the cohort service is not ready: the server is draining, or its judge (or its "
+            "shared store) has been unreachable too long; see the server's log, and "
+            "--service '' for whether the process itself is up"
+        )
     return 0 if status == "SERVING" else 1
 
 

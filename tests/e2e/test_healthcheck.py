@@ -77,7 +77,7 @@ def test_healthcheck_probes_the_port_of_the_config_on_loopback(tmp_path: pathlib
         assert address == f"0.0.0.0:{port}"
         done = _check(config, _env())
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout == f"127.0.0.1:{port} (overall): SERVING\n"
+    assert done.stdout == f"127.0.0.1:{port} genrm.cohort.v1.CohortService: SERVING\n"
 
 
 def test_healthcheck_follows_genrm_listen_too(tmp_path: pathlib.Path) -> None:
@@ -86,7 +86,8 @@ def test_healthcheck_follows_genrm_listen_too(tmp_path: pathlib.Path) -> None:
     env = _env(GENRM_LISTEN=f"127.0.0.1:{_free_port()}")
     with _server(config, env) as address:
         done = _check(config, env)
-    assert done.returncode == 0 and done.stdout.startswith(f"{address} (overall): SERVING")
+    assert done.returncode == 0
+    assert done.stdout.startswith(f"{address} genrm.cohort.v1.CohortService: SERVING")
 
 
 def test_healthcheck_without_a_server_on_that_port_is_unhealthy(tmp_path: pathlib.Path) -> None:
@@ -129,3 +130,49 @@ def test_healthcheck_of_a_tls_server_asks_for_the_ca_instead_of_probing_in_plain
         "genrm-grpc health: the server serves TLS (tls.cert_file): pass --ca-file, and "
         "--server-name when its certificate does not name the probed host\n"
     )
+
+
+def _health(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "health", *args], capture_output=True, text=True, timeout=60, env=_env()
+    )
+
+
+def _cohort_service_status(target: str) -> Iterator[int]:
+    """The cohort service's health statuses as the server announces them (Watch)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        request = health_pb2.HealthCheckRequest(service="genrm.cohort.v1.CohortService")
+        for reply in health_pb2_grpc.HealthStub(channel).Watch(request, timeout=60):
+            yield reply.status
+
+
+def test_health_reports_the_cohort_service_by_default_so_a_failing_judge_is_not_serving(
+    tmp_path: pathlib.Path,
+) -> None:
+    from grpc_health.v1 import health_pb2
+
+    dead_judge = _free_port()  # nothing listens there: every judge call and probe fails
+    config = tmp_path / "server.yaml"
+    config.write_text(
+        f'listen: "127.0.0.1:{_free_port()}"\n'
+        f"judge: {{url: http://127.0.0.1:{dead_judge}}}\n"
+        "judge_unreachable_window_s: 0.5\n"
+    )
+    with _server(config, _env()) as target:
+        # Wait for the server to take the cohort service out of rotation (no sleep).
+        statuses = _cohort_service_status(target)
+        assert next(
+            status for status in statuses if status != health_pb2.HealthCheckResponse.SERVING
+        ) == (health_pb2.HealthCheckResponse.NOT_SERVING)
+        statuses.close()
+        readiness = _health("--server", target)
+        liveness = _health("--server", target, "--service", "")
+    assert readiness.returncode == 1, readiness.stdout + readiness.stderr
+    first, hint = readiness.stdout.splitlines()
+    assert first == f"{target} genrm.cohort.v1.CohortService: NOT_SERVING"
+    assert "judge" in hint and "--service ''" in hint
+    assert liveness.returncode == 0, liveness.stdout + liveness.stderr
+    assert liveness.stdout == f"{target} (overall): SERVING\n"

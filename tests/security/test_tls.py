@@ -99,7 +99,7 @@ async def test_health_command_speaks_mtls_and_verifies_the_server_name(
         "--server", target, "--ca-file", pki.ca.cert, "--cert-file", client.cert,
         "--key-file", client.key, "--server-name", "localhost",
     )  # fmt: skip
-    assert (code, out.strip()) == (0, f"{target} (overall): SERVING")
+    assert (code, out.strip()) == (0, f"{target} genrm.cohort.v1.CohortService: SERVING")
     code, out = await _health_cli("--server", target, "--ca-file", pki.ca.cert, "--timeout-s", 5)
     assert code == 1 and "UNAVAILABLE" in out
     code, out = await _health_cli("--server", target, "--timeout-s", 5)  # plaintext

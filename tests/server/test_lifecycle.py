@@ -119,7 +119,7 @@ async def test_sigterm_drains_keeps_collecting_cohorts_for_the_next_process_and_
 ) -> None:
     proc, target, judge = server_process
     code, out = await _health_cli("--server", target)
-    assert (code, out.strip()) == (0, f"{target} (overall): SERVING")
+    assert (code, out.strip()) == (0, f"{target} genrm.cohort.v1.CohortService: SERVING")
 
     async with grpc.aio.insecure_channel(target) as channel:
         cohorts = pb_grpc.CohortServiceStub(channel)
