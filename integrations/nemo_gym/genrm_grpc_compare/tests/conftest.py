@@ -50,6 +50,11 @@ class Stack:
         with urllib.request.urlopen(request, timeout=10):
             pass
 
+    def judge_reset_stats(self) -> None:
+        request = urllib.request.Request(f"{self.judge_url}/stats/reset", method="POST")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
     async def verify(self, payload: dict[str, Any]) -> tuple[int, Any]:
         reply = await self.http.post("/verify", json=payload)
         return reply.status_code, reply.json()

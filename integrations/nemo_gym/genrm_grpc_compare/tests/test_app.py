@@ -193,6 +193,33 @@ async def test_judge_outage_returns_masked_200(stack: Stack) -> None:
         assert GenRMGrpcVerifyResponse.model_validate(body).mask_sample is True
 
 
+@pytest.mark.parametrize(
+    ("then", "masked"),
+    [("fail_503_rate", True), ("budget_exhaust_rate", False), ("empty_rate", False)],
+)
+async def test_an_unparseable_answer_then_503s_is_masked_like_gym_but_then_empty_is_default(
+    stack: Stack, then: str, masked: bool
+) -> None:
+    # Gym's cohort-lifecycle rule: every pass's first answer is unparseable; when its
+    # remaining attempts get HTTP 503 the group is masked, when they get an exhausted
+    # output budget or an empty answer every pass takes the default verdict (unmasked).
+    stack.judge_reset_stats()  # restart every pair's first-n count
+    stack.judge_faults(malformed_first_n=1, **{then: 1.0})
+    try:
+        group = new_group()
+        replies = await asyncio.gather(
+            *(stack.verify(rollout(group, i)) for i in range(GROUP_SIZE))
+        )
+    finally:
+        stack.judge_faults(malformed_first_n=0, **{then: 0.0})
+    assert [status for status, _ in replies] == [200] * GROUP_SIZE
+    for _, body in replies:
+        assert body["mask_sample"] is masked
+        assert (body.get("_ng_failure_class") == "judge_failed") is masked
+    if not masked:
+        assert len({body["reward"] for _, body in replies}) == 1  # default verdicts only
+
+
 async def test_missing_rollout_index_gets_422(stack: Stack) -> None:
     payload = rollout(new_group(), 0)
     del payload["_ng_rollout_index"]
