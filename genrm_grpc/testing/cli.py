@@ -1,12 +1,15 @@
 """``genrm-grpc fake-judge``: the fake judge (a test double) as a process of its own.
 
 Also runnable as ``python -m genrm_grpc.testing.cli``. It prints
-``fake-judge listening on URL`` once it serves, then runs until SIGTERM or SIGINT.
+``fake-judge listening on URL`` once it serves, then runs until SIGTERM or SIGINT. It
+listens on port 8000 by default, the port ``judge.url`` names by default; a port already
+in use is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 import threading
@@ -15,11 +18,15 @@ from typing import Any
 
 from genrm_grpc.testing.faults import (
     ADVERSARIAL_KINDS,
+    DEFAULT_MODEL,
     FAULT_HELP,
     FAULT_KINDS,
     FakeJudgeConfig,
 )
 from genrm_grpc.testing.server import FakeJudgeServer
+
+DEFAULT_PORT = 8000
+"""The port ``judge.url`` names by default, so the two meet without flags."""
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -35,9 +42,28 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
     )
-    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free port")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help="port to bind; 0 picks a free port (default: %(default)s, judge.url's port)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault/latency stream")
-    parser.add_argument("--model", default=None, help="if set, other model names get HTTP 404")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help=(
+            f"a served model name, repeatable (default: {DEFAULT_MODEL}, judge.model's "
+            "default); GET /v1/models lists them, requests naming another get HTTP 404"
+        ),
+    )
+    parser.add_argument(
+        "--any-model",
+        action="store_true",
+        help="answer requests naming any model (GET /v1/models still lists --model)",
+    )
     parser.add_argument(
         "--latency-ms",
         default="0",
@@ -84,7 +110,8 @@ def _config_from_args(args: argparse.Namespace) -> FakeJudgeConfig:
         host=args.host,
         port=args.port,
         seed=args.seed,
-        model=args.model,
+        models=tuple(args.model or [DEFAULT_MODEL]),
+        any_model=args.any_model,
         latency_ms=args.latency_ms,
         retry_after_s=None if args.retry_after_s < 0 else args.retry_after_s,
         adversarial_kind=args.adversarial_kind,
@@ -111,7 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     if in_main_thread:
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, on_signal)
-    server = FakeJudgeServer(config).start()
+    try:
+        server = FakeJudgeServer(config).start()
+    except OSError as exc:
+        for restored, handler in previous.items():
+            signal.signal(restored, handler)
+        reason = exc.strerror or str(exc)
+        hint = " (pass --port 0 for any free port)" if exc.errno == errno.EADDRINUSE else ""
+        print(
+            f"genrm-grpc fake-judge: cannot listen on {config.host}:{config.port}: {reason}{hint}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         print(f"fake-judge listening on {server.url}", flush=True)
         stop_requested.wait()

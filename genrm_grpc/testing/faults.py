@@ -131,6 +131,9 @@ PARTIAL_TEXT = "Let me compare the two responses carefully. Response 1 begins by
 # Configuration
 # --------------------------------------------------------------------------------------
 
+DEFAULT_MODEL = "genrm"
+"""The model name served when none is configured: ``judge.model``'s default."""
+
 
 def parse_latency_spec(spec: str) -> Callable[[random.Random], float]:
     """A latency sampler (milliseconds) from ``N``, ``uniform:LO:HI`` or ``lognormal:M:S``."""
@@ -176,6 +179,10 @@ class FakeJudgeConfig:
     seed: int = 0
     model: str | None = None
     """When set, requests naming another model get 404 (as vLLM does)."""
+    models: tuple[str, ...] = ()
+    """Further served model names (``--model`` repeated); listed by ``GET /v1/models``."""
+    any_model: bool = False
+    """Answer whatever model a request names (the listed names are still listed)."""
     latency_ms: str = "0"
     retry_after_s: float | None = 1.0
     hang_rate: float = 0.0
@@ -236,6 +243,15 @@ class FakeJudgeConfig:
                 f"adversarial_chars must be an integer in [16, 16777216], got {chars!r}"
             )
 
+    def served_models(self) -> tuple[str, ...]:
+        """The model names ``GET /v1/models`` lists (``genrm`` when none is configured)."""
+        names = tuple(dict.fromkeys([*([self.model] if self.model else []), *self.models]))
+        return names or (DEFAULT_MODEL,)
+
+    def checks_model(self) -> bool:
+        """Whether a request naming an unserved model gets 404."""
+        return not self.any_model and bool(self.model or self.models)
+
     def faults(self) -> dict[str, Any]:
         """The runtime-adjustable part of the configuration."""
         return {name: getattr(self, name) for name in RUNTIME_FIELDS}
@@ -278,6 +294,9 @@ class JudgeState:
         self.stopping = threading.Event()
         self.config = config
         self.latency = parse_latency_spec(config.latency_ms)
+        self.models: tuple[str, ...] = config.served_models()
+        """Served model names; ``POST /control`` may change them at run time."""
+        self.check_model = config.checks_model()
         self.rng = random.Random(config.seed)
         self.second_rng = random.Random(f"{config.seed}/second-stream")
         self.total = 0
@@ -332,7 +351,7 @@ class JudgeState:
                 for kind in FAULT_KINDS
             ]
             outcome = "ok"
-            if config.model is not None and request.model != config.model:
+            if self.check_model and request.model not in self.models:
                 outcome = "model_not_found"
             else:
                 for kind in FAULT_KINDS:

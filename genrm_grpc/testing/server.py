@@ -13,7 +13,8 @@ serves both judge wire formats:
   ``principle`` (optional), ``response_1`` and ``response_2`` (vLLM serving the GenRM chat
   template). Answers are chat completions with ``finish_reason`` and ``usage``.
 
-Also: ``GET /health``, ``GET /stats``, ``POST /stats/reset`` and ``POST /faults``.
+Also: ``GET /v1/models`` (the served model names), ``GET /health``, ``GET /stats``,
+``POST /stats/reset`` and ``POST /faults``.
 
 
 Verdicts come from ``genrm_grpc.testing.heuristic``; ``FakeJudgeServer`` runs the server
@@ -215,6 +216,18 @@ def _answer_body(
     }
 
 
+def _models_body(models: tuple[str, ...]) -> dict[str, Any]:
+    """``GET /v1/models`` as vLLM answers it: one ``model`` object per served name."""
+    created = int(time.time())
+    return {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "fake-judge"}
+            for name in models
+        ],
+    }
+
+
 def _error_body(message: str, kind: str, code: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": code}}
 
@@ -293,6 +306,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/health":
             self._send_json(200, {"status": "ok"})
+        elif path == "/v1/models":
+            self._send_json(200, _models_body(self._state.models))
         elif path == "/stats":
             self._send_json(200, self._state.snapshot())
         else:

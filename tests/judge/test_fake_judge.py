@@ -487,3 +487,61 @@ def test_adding_the_adversarial_fault_kept_the_fault_sequence_of_every_seed() ->
         served = [_post(fake, "/v1/responses", _responses_body(GOOD, str(i)))[0] for i in range(24)]
 
     assert served == expected
+
+
+def test_cli_defaults_meet_the_servers_judge_url_and_model_defaults() -> None:
+    from urllib.parse import urlsplit
+
+    from genrm_grpc.config import JudgeSettings
+    from genrm_grpc.testing.cli import _build_parser, _config_from_args
+
+    config = _config_from_args(_build_parser().parse_args([]))
+    judge = JudgeSettings()
+
+    assert config.port == urlsplit(judge.url).port == 8000
+    assert config.served_models() == (judge.model,)
+    assert config.checks_model()
+
+
+def test_models_endpoint_lists_every_served_name_and_other_names_get_404() -> None:
+    with FakeJudgeServer(FakeJudgeConfig(models=("genrm", "genrm-large"))) as fake:
+        status, listing = _get(fake, "/v1/models")
+        served, _, _ = _post(fake, "/v1/chat/completions", _chat_body(GOOD, SHORT))
+        other, _, _ = _post(
+            fake, "/v1/chat/completions", {**_chat_body(GOOD, SHORT), "model": "typo"}
+        )
+
+    assert status == 200
+    assert listing["object"] == "list"
+    assert [entry["id"] for entry in listing["data"]] == ["genrm", "genrm-large"]
+    assert {entry["object"] for entry in listing["data"]} == {"model"}
+    assert (served, other) == (200, 404)
+
+
+def test_models_endpoint_of_an_unconfigured_fake_lists_the_default_model(
+    server: FakeJudgeServer,
+) -> None:
+    status, listing = _get(server, "/v1/models")
+
+    assert status == 200
+    assert [entry["id"] for entry in listing["data"]] == ["genrm"]
+
+
+def test_cli_on_a_busy_port_prints_one_line_and_exits_2() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "genrm_grpc.cli", "fake-judge", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in lines[0]
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
