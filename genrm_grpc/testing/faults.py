@@ -295,7 +295,7 @@ class JudgeState:
         self.config = config
         self.latency = parse_latency_spec(config.latency_ms)
         self.models: tuple[str, ...] = config.served_models()
-        """Served model names; ``POST /control`` may change them at run time."""
+        """Served model names, listed by ``GET /v1/models``."""
         self.check_model = config.checks_model()
         self.rng = random.Random(config.seed)
         self.second_rng = random.Random(f"{config.seed}/second-stream")
