@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.store_kinds"]
+
 
 def _use_fresh_store(factory: pytest.TempPathFactory, patch: pytest.MonkeyPatch) -> Path:
     path = factory.mktemp("store") / "genrm-state.sqlite3"

@@ -25,6 +25,12 @@ def fake_judge() -> Iterator[FakeJudgeServer]:
         yield judge
 
 
+@pytest.fixture(autouse=True)
+def _on_each_store(store_of_kind: str) -> str:
+    """Every test here runs on each kind of store (tests/store_kinds.py)."""
+    return store_of_kind
+
+
 Started = tuple[CohortServer, CohortClient]
 StartServer = Callable[..., Awaitable[Started]]
 

@@ -193,23 +193,22 @@ async def test_get_cohort_reports_phase_and_missing_slots_and_not_found(
     pending.cancel()
 
 
-@pytest.mark.parametrize(
-    ("store", "kind", "words"),
-    [
-        # Nothing outlives the process: the cohort fails for good.
-        ("memory://", "memory", "shutting down"),
-        # The file keeps the cohort for the next process: the call is only interrupted.
-        (None, "sqlite", "kept in its store"),
-    ],
-    ids=["memory", "sqlite"],
-)
+# Nothing outlives a memory:// process: the cohort fails for good. A file or a shared
+# Redis keeps the cohort for the next process: the call is only interrupted.
+STOP_WORDS = {
+    "memory": "shutting down",
+    "sqlite": "kept in its store",
+    "redis": "kept in its store",
+}
+
+
 async def test_shutdown_refuses_new_cohorts_and_ends_waiting_calls_as_the_stop_page_says(
-    start_server: StartServer, store: str | None, kind: str, words: str
+    start_server: StartServer, store_kind: str
 ) -> None:
     # The expected reason is the one docs/durability.md states for this store.
-    reason = documented_waiter_reason(kind)
-    extra = {} if store is None else {"store": store}
-    server, client = await start_server(shutdown_grace_s=0.5, **extra)
+    reason = documented_waiter_reason(store_kind)
+    words = STOP_WORDS[store_kind]
+    server, client = await start_server(shutdown_grace_s=0.5)
     probe = SubmitProbe(server)
     waiting = asyncio.create_task(client.submit_member(member(0), PROMPT, candidate(0), timeout=30))
     await probe.reached(1)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
+import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortError
 
@@ -79,6 +80,7 @@ async def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
         await asyncio.sleep(0.01)
 
 
+@pytest.mark.stores("sqlite")
 async def test_a_failing_disk_fails_the_call_judges_nothing_and_recovers_by_rewriting(
     start_server: StartServer, fake_judge: FakeJudgeServer
 ) -> None:

@@ -2,40 +2,18 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.redis_support import RedisBinaryMissing, RedisServer, ping
-
-
-def _start(appendonly: bool = False) -> RedisServer:
-    try:
-        return RedisServer(appendonly=appendonly).start()
-    except RedisBinaryMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    """One redis-server for the session; tests that stop or pause it use redis_factory."""
-    server = _start()
-    try:
-        yield server
-    finally:
-        server.close()
+from tests.redis_support import RedisServer
+from tests.store_kinds import emptied_redis_url, start_redis
 
 
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     """The session server's URL, emptied (FLUSHALL) before the test."""
-    if redis_server.proc is None or not ping(redis_server.port):
-        redis_server.restart()
-    with socket.create_connection(("127.0.0.1", redis_server.port), timeout=5) as s:
-        s.sendall(b"FLUSHALL\r\n")
-        assert s.recv(64).startswith(b"+OK")
-    return redis_server.url
+    return emptied_redis_url(redis_server)
 
 
 @pytest.fixture
@@ -44,7 +22,7 @@ def redis_factory() -> Iterator[Callable[..., RedisServer]]:
     started: list[RedisServer] = []
 
     def make(*, appendonly: bool = False) -> RedisServer:
-        server = _start(appendonly)
+        server = start_redis(appendonly)
         started.append(server)
         return server
 

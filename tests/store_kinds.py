@@ -1,0 +1,101 @@
+"""Run a suite once per kind of store: ``sqlite`` (the default), ``memory``, ``redis``.
+
+A test (or a module-scoped fixture) that asks for ``store_kind`` is parametrized over
+the kinds (``DEFAULT_KINDS``, unless ``GENRM_TEST_STORES`` names others); ``GENRM_STORE``
+then names that kind's store for every server the test starts, in process or as a child
+process. ``@pytest.mark.stores("sqlite")`` limits a test to the kinds named, for
+behaviour that belongs to one store (a SQLite file's durability, for example). The Redis
+kind uses one ``redis-server`` per session, emptied (FLUSHALL) before each test or module
+that uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from tests.redis_support import RedisBinaryMissing, RedisServer, ping
+
+STORE_KINDS = ("sqlite", "memory", "redis")
+DEFAULT_KINDS = ("sqlite", "memory")
+"""The kinds a suite runs on unless ``GENRM_TEST_STORES`` (comma-separated) names others.
+
+Redis is not among the defaults yet: over the replica runtime, parts of these suites do
+not pass (a newer attempt does not end the older attempt's waiting calls, for one), which
+is the work of moving to one runtime. ``GENRM_TEST_STORES=redis`` runs them there.
+"""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "stores(*kinds): run only on these kinds of store")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "store_kind" not in metafunc.fixturenames:
+        return
+    chosen = os.environ.get("GENRM_TEST_STORES", "")
+    kinds = tuple(k.strip() for k in chosen.split(",") if k.strip()) or DEFAULT_KINDS
+    marker = metafunc.definition.get_closest_marker("stores")
+    if marker:
+        kinds = tuple(kind for kind in kinds if kind in marker.args)
+    unknown = set(kinds) - set(STORE_KINDS)
+    if unknown:
+        raise pytest.UsageError(f"unknown store kinds {sorted(unknown)} for {metafunc.function}")
+    metafunc.parametrize("store_kind", kinds, indirect=True, scope="module")
+
+
+def start_redis(appendonly: bool = False) -> RedisServer:
+    try:
+        return RedisServer(appendonly=appendonly).start()
+    except RedisBinaryMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One redis-server for the session; tests that stop or pause it start their own."""
+    server = start_redis()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def emptied_redis_url(server: RedisServer) -> str:
+    """The server's URL, after FLUSHALL (restarted first if a test left it down)."""
+    if server.proc is None or not ping(server.port):
+        server.restart()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(b"FLUSHALL\r\n")
+        assert s.recv(64).startswith(b"+OK")
+    return server.url
+
+
+@pytest.fixture(scope="module")
+def store_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+def store_url_of_kind(kind: str, request: pytest.FixtureRequest) -> str | None:
+    """The ``GENRM_STORE`` value for ``kind``; None keeps the per-test SQLite file."""
+    if kind == "memory":
+        return "memory://"
+    if kind == "redis":
+        return emptied_redis_url(request.getfixturevalue("redis_server"))
+    return None
+
+
+@pytest.fixture
+def store_of_kind(
+    store_kind: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Point ``GENRM_STORE`` at this test's store of ``store_kind``; returns the kind."""
+    request.getfixturevalue("_sqlite_store_per_test")  # set first, so this one wins
+    url = store_url_of_kind(store_kind, request)
+    if url is not None:
+        monkeypatch.setenv("GENRM_STORE", url)
+    return store_kind
