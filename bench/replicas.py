@@ -48,17 +48,9 @@ from typing import Any
 
 import redis
 
+from bench.launch import Judge, LoadGen, Proc, cpu_seconds, start_replicas
 from bench.mpreport import HEADERS, _f, _mark, _spread
-from bench.multiproc import (
-    APIS,
-    Judge,
-    LoadGen,
-    MultiPlan,
-    Proc,
-    cpu_seconds,
-    spread,
-    start_service,
-)
+from bench.multiproc import APIS, MultiPlan, spread
 from bench.util import md_table
 from genrm_grpc.testing.redis_server import RedisServer
 
@@ -146,17 +138,15 @@ def start_variant(name: str, plan: MultiPlan, judge: Judge, logs: pathlib.Path) 
     server = RedisServer(appendonly=True).start() if name != "memory" else None
     variant = Variant(name, [], server)
     try:
-        for k in range(REPLICAS[name]):
-            variant.servers.append(
-                start_service(
-                    f"replicas-{name}-{k}",
-                    judge,
-                    logs,
-                    concurrency=plan.concurrency,
-                    store=server.url if server is not None else "memory://",
-                    num_rollouts_per_prompt=plan.group_size,
-                )
-            )
+        variant.servers = start_replicas(
+            f"replicas-{name}",
+            REPLICAS[name],
+            judge,
+            logs,
+            concurrency=plan.concurrency,
+            store=server.url if server is not None else "memory://",
+            num_rollouts_per_prompt=plan.group_size,
+        )
         if server is not None:
             variant.client = redis.Redis(host="127.0.0.1", port=server.port)
     except BaseException:
