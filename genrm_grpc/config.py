@@ -319,6 +319,10 @@ class Settings(BaseSettings):
     # Every waiting SubmitMember call holds a stream, so a collector with many groups in
     # flight on one connection needs room: 64 groups of 16 already take 1,024.
     max_concurrent_streams: Annotated[int, Field(ge=1)] = 4096
+    # Calls that arrived but that the server has not picked up yet: grpc-core refuses
+    # calls beyond its pending queue with a bare CANCELLED (1,000 by default, 3,000 hard),
+    # which a burst of members sent as unary calls reaches at once.
+    max_pending_rpcs: Annotated[int, Field(ge=1)] = 65536
     max_group_size: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)] = MAX_GROUP_SIZE
     max_prompt_messages: Annotated[int, Field(ge=1)] = 1024
     max_text_chars: Annotated[int, Field(ge=1)] = 1024 * 1024

@@ -78,6 +78,10 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", hard_limit),
         ("grpc.max_send_message_length", hard_limit),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+        # grpc-core's pending queue (arrived, not yet picked up): past the soft limit it
+        # refuses calls at random, past the hard one always, each with a bare CANCELLED.
+        ("grpc.server.max_pending_requests", settings.max_pending_rpcs),
+        ("grpc.server.max_pending_requests_hard_limit", settings.max_pending_rpcs),
         # grpcio turns SO_REUSEPORT on by default, so a second server on a busy port
         # starts and silently takes part of the traffic. Only on explicit request.
         ("grpc.so_reuseport", int(settings.listen_reuse_port)),
