@@ -333,3 +333,84 @@ def test_channel_options_match_the_server_keepalive_policy_and_limits() -> None:
     assert not ChannelOptions().secure
     with pytest.raises(ValueError, match="mutual TLS"):
         ChannelOptions(client_cert_chain=b"cert")
+
+
+class _CancelsFirst(_Recorder):
+    """Answers its first ``refusals`` SubmitMember calls CANCELLED without ErrorInfo, as
+    grpc-core does for a call beyond its pending queue; then answers normally."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+        self.calls = 0
+
+    async def SubmitMember(
+        self, request: pb.SubmitMemberRequest, context: Any
+    ) -> pb.SubmitMemberResponse:
+        self.calls += 1
+        if self.calls <= self.refusals:
+            await context.abort(grpc.StatusCode.CANCELLED, "refused: pending queue full")
+        return await super().SubmitMember(request, context)
+
+
+async def test_a_member_the_server_side_cancelled_is_resent_and_gets_its_reward() -> None:
+    servicer = _CancelsFirst(refusals=2)
+    server = grpc.aio.server()
+    pb_grpc.add_CohortServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    policy = RetryPolicy(initial_backoff_s=0.0, jitter_s=0.0)
+    try:
+        async with CohortClient(f"127.0.0.1:{port}", retry=policy) as client:
+            result = await client.submit_member(
+                {"group_id": "burst", "group_attempt": 0, "rollout_index": 0, "group_size": 2},
+                "2+2?",
+                "four",
+            )
+    finally:
+        await server.stop(None)
+    assert result.reward == 0.5
+    assert servicer.calls == 3
+
+
+class _Holds(_Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.arrived = asyncio.Event()
+
+    async def SubmitMember(
+        self, request: pb.SubmitMemberRequest, context: Any
+    ) -> pb.SubmitMemberResponse:
+        self.calls += 1
+        self.arrived.set()
+        await asyncio.Event().wait()  # until the call is cancelled
+        raise AssertionError("unreachable")
+
+
+async def test_a_call_the_caller_cancels_or_the_client_closes_is_not_resent() -> None:
+    servicer = _Holds()
+    server = grpc.aio.server()
+    pb_grpc.add_CohortServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ref = {"group_id": "held", "group_attempt": 0, "rollout_index": 0, "group_size": 2}
+    policy = RetryPolicy(initial_backoff_s=0.0, jitter_s=0.0)
+    try:
+        client = CohortClient(f"127.0.0.1:{port}", retry=policy)
+        call = asyncio.create_task(client.submit_member(ref, "2+2?", "four"))
+        await servicer.arrived.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert servicer.calls == 1
+
+        servicer.arrived.clear()
+        call = asyncio.create_task(client.submit_member(ref, "2+2?", "four"))
+        await servicer.arrived.wait()
+        await client.close()
+        with pytest.raises((asyncio.CancelledError, CohortError)):
+            await call
+        assert servicer.calls == 2
+    finally:
+        await server.stop(None)

@@ -150,6 +150,7 @@ class CohortClient:
         self._connect_lock: asyncio.Lock | None = None
         self._connect_failures = 0
         self._connect_error: CohortConnectError | None = None
+        self._closing = False
 
     async def __aenter__(self) -> CohortClient:
         return self
@@ -158,6 +159,7 @@ class CohortClient:
         await self.close()
 
     async def close(self) -> None:
+        self._closing = True  # calls it ends come back CANCELLED: never resend those
         await self._channel.close(None)
 
     @property
@@ -241,12 +243,17 @@ class CohortClient:
             "wait_for_ready": self.options.wait_for_ready,
         }
 
-    @staticmethod
-    def _retryable(policy: RetryPolicy, exc: BaseException) -> bool:
+    def _retryable(self, policy: RetryPolicy, exc: BaseException) -> bool:
         if not isinstance(exc, CohortError) or isinstance(exc, CohortConnectError):
             return False  # a connect failure already waited its connect deadline
         if exc.code == grpc.StatusCode.UNAVAILABLE:
             return True
+        if exc.code == grpc.StatusCode.CANCELLED:
+            # Not the caller: its cancellation ends the awaiting task and never gets
+            # here. A CANCELLED status without ErrorInfo comes from the other side, e.g.
+            # grpc-core refusing a call beyond its pending-call queue; resending the
+            # same member is safe (it attaches or replays). Not after close().
+            return not exc.reason and not self._closing
         return (
             exc.code == grpc.StatusCode.DEADLINE_EXCEEDED
             and policy.retry_deadline_exceeded

@@ -108,6 +108,9 @@ class RetryPolicy:
       up to ``jitter_s`` of random jitter, at most ``max_attempts`` calls in all and,
       when set, no later than ``max_elapsed_s`` after the first call. Resending is safe:
       an identical member reattaches to its cohort or replays its cached result.
+    * ``CANCELLED`` that the caller did not cause (no ErrorInfo, the client not closed:
+      e.g. a server's gRPC core refusing calls beyond its pending-call queue under a
+      burst) is retried like UNAVAILABLE. A caller's own cancellation is never resent.
     * ``DEADLINE_EXCEEDED`` is *not* retried by default: the per-call deadline is the
       caller's budget. With ``retry_deadline_exceeded`` it is retried like UNAVAILABLE,
       but only when the status carries no ErrorInfo (i.e. it was the transport deadline).
