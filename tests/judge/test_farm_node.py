@@ -51,7 +51,7 @@ def _node(fake: FakeJudgeServer, **wait_for: int) -> dict[str, Any]:
     query = "&".join(f"{k}={v}" for k, v in wait_for.items())
     status, body = _request(fake, "GET", f"/wait?{query}&timeout=20")
     assert status == 200, body
-    node: dict[str, Any] = body["node"]
+    node: dict[str, Any] = body  # /wait answers the node counters themselves
     return node
 
 
@@ -77,15 +77,19 @@ def slow_node() -> Iterator[FakeJudgeServer]:
 def test_at_most_slots_requests_generate_the_rest_wait_and_hang_ups_are_aborts(
     slow_node: FakeJudgeServer,
 ) -> None:
-    socks = [_open_request(slow_node, _chat(max_tokens=4096)) for _ in range(3)]
+    socks = [_open_request(slow_node, _chat(max_tokens=4096)) for _ in range(2)]
     try:
+        _node(slow_node, running=2)
+        socks.append(_open_request(slow_node, _chat(max_tokens=4096)))
         node = _node(slow_node, running=2, waiting=1)
         assert (node["running"], node["waiting"], node["max_running"]) == (2, 1, 2)
+        socks.pop().close()  # the queued one hangs up first
+        node = _node(slow_node, aborted=1)
+        assert (node["aborted_waiting"], node["running"], node["waiting"]) == (1, 2, 0)
     finally:
         for sock in socks:
             sock.close()
     node = _node(slow_node, aborted=3)
-    assert node["aborted"] == 3
     assert (node["aborted_running"], node["aborted_waiting"]) == (2, 1)
     assert (node["running"], node["waiting"], node["completed"]) == (0, 0, 0)
 
