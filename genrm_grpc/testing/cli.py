@@ -23,6 +23,7 @@ from genrm_grpc.testing.faults import (
     FAULT_KINDS,
     FakeJudgeConfig,
 )
+from genrm_grpc.testing.node import HEALTH_CHOICES, MODES, NodeConfig
 from genrm_grpc.testing.server import FakeJudgeServer
 
 DEFAULT_PORT = 8000
@@ -98,6 +99,87 @@ def _build_parser() -> argparse.ArgumentParser:
         default=65536,
         help="length of adversarial answers in characters (default: %(default)s)",
     )
+    node = parser.add_argument_group(
+        "farm node (simulated: slots, generation time, prefix cache, sick modes)"
+    )
+    node.add_argument(
+        "--slots",
+        type=int,
+        default=0,
+        help="at most N requests generating at once, the rest queued first come first "
+        "served, as vLLM's max_num_seqs (default: 0 = no limit)",
+    )
+    node.add_argument(
+        "--tokens-per-s",
+        type=float,
+        default=0.0,
+        help="simulated decode speed of one request (default: 0 = generation takes no time)",
+    )
+    node.add_argument(
+        "--output-tokens",
+        default=None,
+        metavar="SPEC",
+        help="simulated answer length: N, uniform:LO:HI or bimodal:A:B:P[:J] (A +- J "
+        "tokens, or with probability P, B tokens; B may be 'budget'); a length at the "
+        "request's max tokens is cut there (finish_reason length); default: the answer's "
+        "own word count",
+    )
+    node.add_argument(
+        "--prefill-ms-per-token",
+        type=float,
+        default=0.0,
+        help="simulated prefill time per prompt token not in the prefix cache (default: 0)",
+    )
+    node.add_argument(
+        "--prefix-block-tokens",
+        type=int,
+        default=16,
+        help="prefix-cache block size in tokens (token = whitespace word; default: 16)",
+    )
+    node.add_argument(
+        "--prefix-cache-blocks",
+        type=int,
+        default=8192,
+        help="blocks the prefix-cache LRU remembers (0: no prefix cache; default: 8192)",
+    )
+    node.add_argument(
+        "--kv-cache-blocks",
+        type=int,
+        default=65536,
+        help="simulated KV-cache size behind vllm:kv_cache_usage_perc (default: 65536)",
+    )
+    node.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiply every simulated prefill and decode time (0.01 = 100x faster)",
+    )
+    node.add_argument(
+        "--mode",
+        default="ok",
+        choices=list(MODES),
+        help="starting mode: ok, hang (accept, never answer), 503 (refuse), slow; "
+        "POST /control switches it at run time (default: %(default)s)",
+    )
+    node.add_argument(
+        "--slow-factor",
+        type=float,
+        default=10.0,
+        help="in slow mode, simulated time is multiplied by this (default: %(default)s)",
+    )
+    node.add_argument(
+        "--slow-ms",
+        type=float,
+        default=1000.0,
+        help="in slow mode, extra milliseconds per request (default: %(default)s)",
+    )
+    node.add_argument(
+        "--health",
+        default="auto",
+        choices=list(HEALTH_CHOICES),
+        help="GET /health: auto (503 in 503 mode, else 200, as a hung vLLM still "
+        "answers 200), ok, 503 or hang (default: %(default)s)",
+    )
     return parser
 
 
@@ -116,6 +198,20 @@ def _config_from_args(args: argparse.Namespace) -> FakeJudgeConfig:
         retry_after_s=None if args.retry_after_s < 0 else args.retry_after_s,
         adversarial_kind=args.adversarial_kind,
         adversarial_chars=args.adversarial_chars,
+        node=NodeConfig(
+            slots=args.slots,
+            tokens_per_s=args.tokens_per_s,
+            output_tokens=args.output_tokens,
+            prefill_ms_per_token=args.prefill_ms_per_token,
+            prefix_block_tokens=args.prefix_block_tokens,
+            prefix_cache_blocks=args.prefix_cache_blocks,
+            kv_cache_blocks=args.kv_cache_blocks,
+            time_scale=args.time_scale,
+            mode=args.mode,
+            slow_factor=args.slow_factor,
+            slow_ms=args.slow_ms,
+            health=args.health,
+        ),
         **faults,
     )
 

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from genrm_grpc.testing.heuristic import pair_key
+from genrm_grpc.testing.node import Node, NodeConfig
 
 FAULT_KINDS: tuple[str, ...] = (
     "hang",
@@ -209,6 +210,8 @@ class FakeJudgeConfig:
     adversarial_first_n: int = 0
     adversarial_kind: str = "cycle"
     adversarial_chars: int = 65536
+    node: NodeConfig = dataclasses.field(default_factory=NodeConfig)
+    """Farm-node simulation: slots, tokens/s, output lengths, prefix cache, sick mode."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -283,6 +286,8 @@ class JudgeRequest:
     max_tokens: int | None
     roles: tuple[str, ...]
     input_words: int
+    messages: tuple[tuple[str, str], ...] = ()
+    """Every prompt message as (role, text), in the order the judge would read them."""
 
 
 class JudgeState:
@@ -297,6 +302,7 @@ class JudgeState:
         self.models: tuple[str, ...] = config.served_models()
         """Served model names, listed by ``GET /v1/models``."""
         self.check_model = config.checks_model()
+        self.node = Node(config.node, config.seed)
         self.rng = random.Random(config.seed)
         self.second_rng = random.Random(f"{config.seed}/second-stream")
         self.total = 0
@@ -315,6 +321,33 @@ class JudgeState:
             self.config = config
             self.latency = parse_latency_spec(config.latency_ms)
             return config.faults()
+
+    def control(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply a ``POST /control`` body: node fields, ``models``, ``clear_prefix_cache``."""
+        changes = dict(changes)
+        models = changes.pop("models", None)
+        clear = changes.pop("clear_prefix_cache", False)
+        if models is not None and (
+            not isinstance(models, list)
+            or not models
+            or not all(isinstance(name, str) and name for name in models)
+        ):
+            raise ValueError("models must be a non-empty list of model names")
+        if not isinstance(clear, bool):
+            raise ValueError("clear_prefix_cache must be true or false")
+        self.node.control(changes)
+        if models is not None:
+            with self.lock:
+                self.models = tuple(dict.fromkeys(models))
+                self.check_model = True
+        if clear:
+            self.node.clear_prefix_cache()
+        return self.control_state()
+
+    def control_state(self) -> dict[str, Any]:
+        with self.lock:
+            models = list(self.models)
+        return {**self.node.control_state(), "models": models}
 
     def record(self, endpoint: str, outcome: str, authorization: str | None) -> None:
         """Count a request that never got far enough to name a pair."""
@@ -377,6 +410,7 @@ class JudgeState:
                 "last_authorization": self.last_authorization,
                 "last_request": dict(self.last_request) if self.last_request else None,
                 "faults": self.config.faults(),
+                "node": self.node.snapshot(),
             }
 
     def reset(self) -> None:
@@ -387,3 +421,4 @@ class JudgeState:
             self.pairs.clear()
             self.last_authorization = None
             self.last_request = None
+        self.node.reset()

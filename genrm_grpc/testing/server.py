@@ -34,6 +34,7 @@ import struct
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
@@ -49,6 +50,7 @@ from genrm_grpc.testing.faults import (
     adversarial_text,
 )
 from genrm_grpc.testing.heuristic import REASONING_SUMMARY, verdict_text, words
+from genrm_grpc.testing.node import Plan, Ticket, prompt_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -101,16 +103,27 @@ def _parse_judge_request(endpoint: str, body: object) -> JudgeRequest:
         principle = raw_principle if isinstance(raw_principle, str) else None
         roles = tuple(role for role, _ in conversation)
         max_tokens = body.get("max_output_tokens")
+        ordered: list[tuple[str, str]] = [
+            *conversation,
+            *([("principle", principle)] if principle is not None else []),
+            *(
+                (role, value)
+                for role, value in (("response_1", response_1), ("response_2", response_2))
+                if isinstance(value, str)
+            ),
+        ]
     else:
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise _BadRequest("'messages' must be a list")
         role_list: list[str] = []
+        ordered = []
         for item in messages:
             if not isinstance(item, dict) or not isinstance(item.get("role"), str):
                 raise _BadRequest("every message needs a string 'role'")
             role, text = item["role"], _text_of(item.get("content"))
             role_list.append(role)
+            ordered.append((role, text))
             if role == "response_1":
                 response_1 = text
             elif role == "response_2":
@@ -135,13 +148,20 @@ def _parse_judge_request(endpoint: str, body: object) -> JudgeRequest:
         max_tokens=max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None,
         roles=roles,
         input_words=len(words(all_text + " " + (principle or ""))),
+        messages=tuple(ordered),
     )
 
 
 def _answer_body(
-    request: JudgeRequest, outcome: str, sequence: int, config: FakeJudgeConfig
+    request: JudgeRequest,
+    outcome: str,
+    sequence: int,
+    config: FakeJudgeConfig,
+    plan: Plan | None = None,
 ) -> dict[str, Any]:
-    """The JSON answer for a 200 outcome: ok, budget_exhaust, empty, malformed, adversarial."""
+    """The JSON answer for a 200 outcome: ok, budget_exhaust, empty, malformed, adversarial.
+
+    With a node ``plan``, usage carries its simulated prompt, cached and output tokens."""
     reasoning = REASONING_SUMMARY
     if outcome == "budget_exhaust":
         text = PARTIAL_TEXT
@@ -155,9 +175,13 @@ def _answer_body(
         text = verdict_text(request.last_user_turn, request.response_1, request.response_2)
     reasoning_tokens = len(words(reasoning))
     output_tokens = reasoning_tokens + len(words(text))
+    if plan is not None and plan.output_tokens is not None:
+        output_tokens = max(plan.output_tokens, len(words(text)))
     if outcome == "budget_exhaust":
         output_tokens = max(output_tokens, request.max_tokens or 4096)
-        reasoning_tokens = output_tokens - len(words(text))
+    reasoning_tokens = max(0, output_tokens - len(words(text)))
+    input_tokens = request.input_words if plan is None else plan.prompt_tokens
+    cached_tokens = 0 if plan is None else plan.cached_tokens
     model = request.model or "fake-genrm"
     created = int(time.time())
     if request.endpoint == "responses":
@@ -183,11 +207,11 @@ def _answer_body(
                 },
             ],
             "usage": {
-                "input_tokens": request.input_words,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens": input_tokens,
+                "input_tokens_details": {"cached_tokens": cached_tokens},
                 "output_tokens": output_tokens,
                 "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-                "total_tokens": request.input_words + output_tokens,
+                "total_tokens": input_tokens + output_tokens,
             },
         }
         if outcome == "budget_exhaust":
@@ -208,9 +232,10 @@ def _answer_body(
             }
         ],
         "usage": {
-            "prompt_tokens": request.input_words,
+            "prompt_tokens": input_tokens,
             "completion_tokens": output_tokens,
-            "total_tokens": request.input_words + output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens},
             "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
         },
     }
@@ -305,11 +330,18 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/health":
-            self._send_json(200, {"status": "ok"})
+            self._health()
         elif path == "/v1/models":
             self._send_json(200, _models_body(self._state.models))
         elif path == "/stats":
             self._send_json(200, self._state.snapshot())
+        elif path == "/metrics":
+            text = self._state.node.metrics_text(self._state.models[0])
+            self._send_bytes(200, text.encode("utf-8"), "text/plain; version=0.0.4")
+        elif path == "/control":
+            self._send_json(200, self._state.control_state())
+        elif path == "/wait":
+            self._wait(self.path.partition("?")[2])
         else:
             self._send_json(404, _error_body(f"no route GET {path}", "not_found", 404))
 
@@ -325,6 +357,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, self._state.snapshot())
         elif path == "/faults":
             self._faults(raw)
+        elif path == "/control":
+            self._control(raw)
         else:
             self._send_json(404, _error_body(f"no route POST {path}", "not_found", 404))
 
@@ -344,10 +378,56 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send_json(200, faults)
 
+    def _control(self, raw: bytes) -> None:
+        try:
+            changes = json.loads(raw or b"{}")
+            if not isinstance(changes, dict):
+                raise ValueError("body must be a JSON object")
+            state = self._state.control({str(k).replace("-", "_"): v for k, v in changes.items()})
+        except (ValueError, TypeError) as exc:
+            self._send_json(400, _error_body(str(exc), "invalid_request_error", 400))
+            return
+        self._send_json(200, state)
+
+    def _health(self) -> None:
+        node = self._state.node
+        answer = node.health()
+        if answer == "hang":
+            ticket = node.admit(self.connection, count=False)
+            try:
+                while not ticket.done:
+                    ticket.wake.wait()
+                    ticket.wake.clear()
+            finally:
+                node.release(ticket, self.connection)
+            self._drop()
+        elif answer == "503":
+            self._send_json(503, {"status": "unhealthy", "mode": node.mode})
+        else:
+            self._send_json(200, {"status": "ok"})
+
+    def _wait(self, query: str) -> None:
+        targets: dict[str, int] = {}
+        timeout = 30.0
+        try:
+            for name, values in urllib.parse.parse_qs(query, strict_parsing=bool(query)).items():
+                if name == "timeout":
+                    timeout = float(values[-1])
+                    if not (math.isfinite(timeout) and 0 <= timeout <= 3600):
+                        raise ValueError("timeout must be in [0, 3600] seconds")
+                else:
+                    targets[name] = int(values[-1])
+            met, stats = self._state.node.wait_for(targets, timeout)
+        except ValueError as exc:
+            self._send_json(400, _error_body(str(exc), "invalid_request_error", 400))
+            return
+        self._send_json(200 if met else 408, stats)
+
     # -- judging --------------------------------------------------------------------
 
     def _judge(self, endpoint: str, raw: bytes) -> None:
         state = self._state
+        node = state.node
         authorization = self.headers.get("Authorization")
         try:
             request = _parse_judge_request(endpoint, json.loads(raw))
@@ -355,14 +435,39 @@ class _Handler(BaseHTTPRequestHandler):
             state.record(endpoint, "bad_request", authorization)
             self._send_json(400, _error_body(str(exc), "invalid_request_error", 400))
             return
+        mode = node.mode
+        if mode == "503":
+            state.record(endpoint, "mode_503", authorization)
+            node.count("requests")
+            node.count("rejected_503")
+            self._send_json(503, _error_body("node in 503 mode", "ServiceUnavailable", 503))
+            return
         outcome, latency_s, sequence = state.decide(request, authorization)
-        if latency_s > 0 and state.stopping.wait(latency_s):
+        ticket = node.admit(self.connection)
+        try:
+            self._judge_admitted(request, outcome, latency_s, sequence, ticket, mode)
+        finally:
+            node.release(ticket, self.connection)
+
+    def _judge_admitted(
+        self,
+        request: JudgeRequest,
+        outcome: str,
+        latency_s: float,
+        sequence: int,
+        ticket: Ticket,
+        mode: str,
+    ) -> None:
+        state = self._state
+        node = state.node
+        if mode == "hang" or outcome == "hang":
+            node.hang(ticket)
             self._drop()
             return
-        if outcome == "hang":
-            state.stopping.wait()
+        if latency_s > 0 and not node.wait(ticket, latency_s):
             self._drop()
-        elif outcome == "reset":
+            return
+        if outcome == "reset":
             self._reset()
         elif outcome == "model_not_found":
             message = f"The model `{request.model}` does not exist."
@@ -375,12 +480,26 @@ class _Handler(BaseHTTPRequestHandler):
             retry_after = state.config.retry_after_s
             headers = {} if retry_after is None else {"Retry-After": str(math.ceil(retry_after))}
             self._send_json(429, _error_body("injected rate limit", "RateLimitError", 429), headers)
-        elif outcome == "invalid_json":
-            self._send_bytes(200, b"<html>upstream proxy error</html>", "text/html")
         else:
-            body = json.dumps(_answer_body(request, outcome, sequence, state.config)).encode(
-                "utf-8"
-            )
+            # Everything that takes a generation: it waits for a slot, then spends its
+            # simulated prefill and decode time there.
+            if not node.acquire(ticket):
+                self._drop()
+                return
+            plan = node.plan(ticket, prompt_tokens(request.messages), request.max_tokens)
+            if plan.truncated and outcome == "ok":
+                outcome = "budget_exhaust"
+            answer = _answer_body(request, outcome, sequence, state.config, plan)
+            usage = answer["usage"]
+            produced = int(usage.get("output_tokens", usage.get("completion_tokens", 0)))
+            if not node.generate(ticket, plan, produced):
+                self._drop()
+                return
+            node.release(ticket, self.connection)
+            if outcome == "invalid_json":
+                self._send_bytes(200, b"<html>upstream proxy error</html>", "text/html")
+                return
+            body = json.dumps(answer).encode("utf-8")
             if outcome == "truncate":
                 self._send_truncated(body)
             else:
@@ -459,6 +578,7 @@ class FakeJudgeServer:
         if self._httpd is not None:
             raise RuntimeError("fake judge already started")
         self._state.stopping.clear()
+        self._state.node.start()
         httpd = _FakeJudgeHTTPServer((self._config.host, self._config.port), self._state)
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -475,11 +595,13 @@ class FakeJudgeServer:
         if httpd is None:
             return
         self._state.stopping.set()
+        self._state.node.stop()
         httpd.shutdown()
         httpd.drop_connections()
         httpd.server_close()
         if thread is not None:
             thread.join()
+        self._state.node.close()
         self._httpd = None
         self._thread = None
 
@@ -521,6 +643,21 @@ class FakeJudgeServer:
     def set_faults(self, **changes: Any) -> dict[str, Any]:
         """Change fault rates, first-n counts, latency or retry_after_s at runtime."""
         return self._state.set_faults(changes)
+
+    def control(self, **changes: Any) -> dict[str, Any]:
+        """Change the node's mode, served models, slots, speed… (as ``POST /control``)."""
+        return self._state.control(changes)
+
+    def node_stats(self) -> dict[str, Any]:
+        """The farm-node counters (``GET /stats``'s ``node``)."""
+        return self._state.node.snapshot()
+
+    def wait_for_node(self, timeout: float = 30.0, **targets: int) -> dict[str, Any]:
+        """Block until every named node counter is >= its target; raise on timeout."""
+        met, stats = self._state.node.wait_for(targets, timeout)
+        if not met:
+            raise TimeoutError(f"node counters {stats} never reached {targets}")
+        return stats
 
     def wait_for_requests(self, count: int, timeout: float) -> bool:
         """Block until at least ``count`` judge requests were counted (for tests)."""
