@@ -300,7 +300,7 @@ class JudgeState:
         self.config = config
         self.latency = parse_latency_spec(config.latency_ms)
         self.models: tuple[str, ...] = config.served_models()
-        """Served model names, listed by ``GET /v1/models``."""
+        """Served model names, listed by ``GET /v1/models``; ``POST /control`` may change them."""
         self.check_model = config.checks_model()
         self.node = Node(config.node, config.seed)
         self.rng = random.Random(config.seed)
