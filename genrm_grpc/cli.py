@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
+import logging
 import pathlib
 import sys
 from collections.abc import Callable
@@ -89,6 +90,18 @@ def _serve(argv: list[str]) -> int:
     from genrm_grpc.server.app import run
 
     logs.configure(settings.log_level, settings.log_format)
+    from genrm_grpc.server import fds
+
+    nofile = fds.raise_soft_limit()
+    refused = fds.refusal(nofile, settings.judge.max_connections)
+    if refused is not None:
+        print(f"genrm-grpc: {refused}", file=sys.stderr)
+        return 2
+    if nofile.raised:
+        logging.getLogger("genrm_grpc").info(
+            "raised the open-files limit",
+            extra={"rlimit_nofile_before": nofile.before, "rlimit_nofile": nofile.soft},
+        )
 
     def ready(port: int) -> None:
         host = settings.listen.rpartition(":")[0]

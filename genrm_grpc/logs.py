@@ -14,6 +14,8 @@ import logging
 import re
 import sys
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
 
@@ -82,9 +84,58 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class RepeatCollapser(logging.Filter):
+    """One record per kind and interval; the rest are counted and reported with the next.
+
+    asyncio's accept loop logs "socket.accept() out of system resource" each time it
+    meets EMFILE, for each listener, and retries a second later: out of descriptors, a
+    server logged thousands of such records in half a minute. The first record of a kind
+    (logger, level, message template) passes; repeats within ``interval_s`` are dropped
+    and counted, and the first record after the interval says how many were dropped.
+    At most ``max_kinds`` kinds are tracked (the oldest forgotten first).
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_kinds: int = 256,
+    ) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self._clock = clock
+        self._max_kinds = max_kinds
+        self._kinds: OrderedDict[tuple[str, int, str], list[float]] = OrderedDict()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.levelno, str(record.msg))
+        now = self._clock()
+        window = self._kinds.get(key)  # [start, dropped]
+        if window is not None and now - window[0] < self.interval_s:
+            window[1] += 1
+            return False
+        dropped = int(window[1]) if window is not None else 0
+        self._kinds[key] = [now, 0]
+        self._kinds.move_to_end(key)
+        while len(self._kinds) > self._max_kinds:
+            self._kinds.popitem(last=False)
+        if dropped:
+            record.msg = (
+                f"{record.getMessage()} (and {dropped} more like it in the last "
+                f"{self.interval_s:g} s, not logged)"
+            )
+            record.args = ()
+        return True
+
+
 def configure(level: str = "INFO", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # asyncio's own records (accept loops out of descriptors, above all) never flood.
+    aio = logging.getLogger("asyncio")
+    for old in [f for f in aio.filters if isinstance(f, RepeatCollapser)]:
+        aio.removeFilter(old)
+    aio.addFilter(RepeatCollapser())
