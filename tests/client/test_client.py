@@ -414,3 +414,12 @@ async def test_a_call_the_caller_cancels_or_the_client_closes_is_not_resent() ->
         assert servicer.calls == 2
     finally:
         await server.stop(None)
+
+
+async def test_a_set_of_status_codes_passed_as_retry_is_a_clear_type_error() -> None:
+    with pytest.raises(TypeError, match=r"retry= takes a RetryPolicy or None, not frozenset"):
+        CohortClient("127.0.0.1:1", retry=NEVER_RETRY)  # type: ignore[arg-type]
+    async with CohortClient("127.0.0.1:1") as client:
+        ref = {"group_id": "g", "group_attempt": 0, "rollout_index": 0, "group_size": 2}
+        with pytest.raises(TypeError, match=r"RetryPolicy\(max_attempts=1\)"):
+            await client.submit_member(ref, "2+2?", "four", retry=NEVER_RETRY)  # type: ignore[arg-type]

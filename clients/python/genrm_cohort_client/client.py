@@ -30,7 +30,7 @@ from genrm_cohort_client.errors import (
     status_error_info,
 )
 from genrm_cohort_client.ids import GroupAttempts, new_group_id
-from genrm_cohort_client.options import ChannelOptions, RetryPolicy, make_channel
+from genrm_cohort_client.options import ChannelOptions, RetryPolicy, checked_retry, make_channel
 
 __all__ = [
     "CandidateLike",
@@ -140,7 +140,7 @@ class CohortClient:
     ) -> None:
         self.target = target
         self.options = options or ChannelOptions()
-        self.retry = retry or RetryPolicy()
+        self.retry = checked_retry(retry) or RetryPolicy()
         self.default_timeout_s = default_timeout_s
         self._channel = channel if channel is not None else make_channel(target, self.options)
         self._metadata = self.options.call_metadata() or None
@@ -284,7 +284,7 @@ class CohortClient:
         )
 
     async def _with_retry(self, policy: RetryPolicy | None, call: Callable[[], Awaitable[T]]) -> T:
-        policy = policy or self.retry
+        policy = checked_retry(policy) or self.retry
         calls = 0
         try:
             async for attempt in self._retrying(policy):
@@ -546,7 +546,13 @@ class CohortClient:
 
         async def one_stream() -> None:
             await self._stream_round(
-                group_id, attempt, pending, timeout, retry or self.retry, on_event, emit
+                group_id,
+                attempt,
+                pending,
+                timeout,
+                checked_retry(retry) or self.retry,
+                on_event,
+                emit,
             )
 
         await self._with_retry(retry, one_stream)

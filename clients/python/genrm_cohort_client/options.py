@@ -135,3 +135,20 @@ class RetryPolicy:
             raise ValueError("max_attempts must be >= 1")
         if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.jitter_s < 0:
             raise ValueError("backoff and jitter must be >= 0")
+
+
+def checked_retry(value: object) -> RetryPolicy | None:
+    """``value`` when it is a :class:`RetryPolicy` or None; a clear TypeError otherwise.
+
+    ``retry=`` takes a policy, not a set of status codes (``NEVER_RETRY`` and its
+    siblings in ``errors`` classify errors, they do not configure resending), so a wrong
+    argument fails where it is passed instead of deep inside a call.
+    """
+    if value is None or isinstance(value, RetryPolicy):
+        return value
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise TypeError(
+        f"retry= takes a RetryPolicy or None, not {type(value).__name__} ({shown}); "
+        "to never resend, pass RetryPolicy(max_attempts=1)"
+    )
