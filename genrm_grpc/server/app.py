@@ -304,6 +304,7 @@ class CohortServer:
                 "tls": "off" if tls is None else "mtls" if tls.require_client_auth else "on",
                 "auth": "off" if self.settings.auth is None else "bearer",
                 "metrics_port": self.metrics_port,
+                "instance": self.servicer.instance_id,
             },
         )
         return self.port

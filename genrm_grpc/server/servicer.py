@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -64,6 +65,16 @@ log = logging.getLogger(__name__)
 # grpcio is untyped: the servicer context is Any to mypy.
 Context: TypeAlias = Any
 
+#: Initial-metadata key of every CohortService answer: the id this server process minted
+#: at start (docs/protocol.md, "Response metadata"). A client that sees it change while a
+#: call waits knows that it now talks to another process (a restart or another server).
+SERVER_INSTANCE_METADATA = "x-genrm-server-instance"
+
+
+def new_instance_id() -> str:
+    """A random id for one server process (64 bits, hex)."""
+    return secrets.token_hex(8)
+
 
 class StreamView(Protocol):
     """Bounds of one StreamGroups stream and of all streams of one connection.
@@ -96,7 +107,11 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         stream_limits: StreamView | None = None,
         principals: Principals | None = None,
         max_compare_passes_per_principal: int | None = None,
+        instance_id: str | None = None,
     ) -> None:
+        #: This process's id, sent first (initial metadata) on every CohortService call.
+        self.instance_id = instance_id or new_instance_id()
+        self._instance_metadata = ((SERVER_INSTANCE_METADATA, self.instance_id),)
         self._runtime = runtime
         self._group_size = default_group_size
         self._mode = mode
@@ -217,6 +232,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
     async def SubmitMember(
         self, request: pb.SubmitMemberRequest, context: Context
     ) -> pb.SubmitMemberResponse:
+        await context.send_initial_metadata(self._instance_metadata)
         sub = self._submission(request, self.principal(context))
         if isinstance(sub, Rejection):
             await abort(context, self._rejected(sub))
@@ -261,12 +277,14 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
     async def StreamGroups(
         self, request_iterator: AsyncIterator[pb.StreamGroupsRequest], context: Context
     ) -> None:
+        await context.send_initial_metadata(self._instance_metadata)
         stream = _GroupStream(self, request_iterator, context.peer(), self.principal(context))
         self.open_streams.add(stream)
         # Written straight to the call (no async-generator layers per event).
         await stream.run(context.write)
 
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
+        await context.send_initial_metadata(self._instance_metadata)
         refusal = self._compare_refusal(request)
         if refusal is not None:
             self._observer.compare_finished("rejected")
@@ -374,6 +392,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
     async def GetCohort(
         self, request: pb.GetCohortRequest, context: Context
     ) -> pb.GetCohortResponse:
+        await context.send_initial_metadata(self._instance_metadata)
         coords = convert.coords_from_proto(request.member)
         bad_ids = check_ids(coords)
         if bad_ids is not None:
