@@ -39,8 +39,10 @@ async def test_nothing_listening_is_a_connect_error_not_a_deadline_and_not_retri
                 await client.compare(PROMPT, ANSWERS, timeout=60)
     error = caught.value
     assert isinstance(error, CohortError) and error.code == grpc.StatusCode.UNAVAILABLE
-    assert str(error).startswith(f"UNAVAILABLE: cannot connect to {target} within 1 s: ")
+    prefix = f"UNAVAILABLE CONNECT_FAILED: cannot connect to {target} within 1 s: "
+    assert str(error).startswith(prefix)
     assert "Connection refused" in error.cause and error.target == target
+    assert (error.reason, error.metadata) == ("CONNECT_FAILED", {"target": target})
     assert error.attempts == 1 and log.codes == []
 
 
@@ -104,3 +106,37 @@ def test_sync_client_reports_the_connect_error_too() -> None:
 def test_connect_timeout_must_be_positive_and_finite(value: float) -> None:
     with pytest.raises(ValueError, match="connect_timeout_s"):
         ChannelOptions(connect_timeout_s=value)
+
+
+async def test_after_a_failed_connect_further_calls_fail_at_once_with_that_failure() -> None:
+    with _refusing_port() as sock:
+        target = f"127.0.0.1:{sock.getsockname()[1]}"
+        options = ChannelOptions(connect_timeout_s=1, connect_failure_cache_s=600)
+        async with CohortClient(target, options=options) as client:
+            with pytest.raises(CohortConnectError) as first:
+                await client.compare(PROMPT, ANSWERS, timeout=60)
+            with pytest.raises(CohortConnectError) as again:
+                await client.compare(PROMPT, ANSWERS, timeout=60)
+    assert first.value.failed_s_ago is None
+    assert again.value.failed_s_ago is not None and again.value.cause == first.value.cause
+    assert "not tried again yet" in str(again.value)
+    assert again.value.reason == "CONNECT_FAILED"
+
+
+async def test_with_no_failure_cache_every_call_tries_to_connect_again() -> None:
+    with _refusing_port() as sock:
+        target = f"127.0.0.1:{sock.getsockname()[1]}"
+        options = ChannelOptions(connect_timeout_s=1, connect_failure_cache_s=0)
+        async with CohortClient(target, options=options) as client:
+            errors = []
+            for _ in range(2):
+                with pytest.raises(CohortConnectError) as caught:
+                    await client.compare(PROMPT, ANSWERS, timeout=60)
+                errors.append(caught.value)
+    assert [e.failed_s_ago for e in errors] == [None, None]
+
+
+@pytest.mark.parametrize("value", [-1.0, float("inf"), float("nan")])
+def test_connect_failure_cache_must_be_non_negative_and_finite(value: float) -> None:
+    with pytest.raises(ValueError, match="connect_failure_cache_s"):
+        ChannelOptions(connect_failure_cache_s=value)

@@ -45,6 +45,7 @@ from genrm_cohort_client.client import (
     make_prompt,
 )
 from genrm_cohort_client.errors import (
+    CONNECT_FAILED,
     NEVER_RETRY,
     REGENERATE_GROUP,
     RETRY_SAME_CALL,
@@ -64,6 +65,7 @@ from genrm_cohort_client.options import (
 from genrm_cohort_client.sync import SyncCohortClient
 
 __all__ = [
+    "CONNECT_FAILED",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "NEVER_RETRY",
     "REGENERATE_GROUP",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -150,6 +151,7 @@ class CohortClient:
         self._connect_lock: asyncio.Lock | None = None
         self._connect_failures = 0
         self._connect_error: CohortConnectError | None = None
+        self._connect_failed_at = 0.0
         self._closing = False
 
     async def __aenter__(self) -> CohortClient:
@@ -177,6 +179,7 @@ class CohortClient:
         """
         if self._connected:
             return
+        self._raise_remembered_connect_failure()
         if self._connect_lock is None:
             self._connect_lock = asyncio.Lock()
         failures = self._connect_failures
@@ -192,8 +195,17 @@ class CohortClient:
             except CohortConnectError as exc:
                 self._connect_failures += 1
                 self._connect_error = exc
+                self._connect_failed_at = time.monotonic()
                 raise
             self._connected = True
+
+    def _raise_remembered_connect_failure(self) -> None:
+        error = self._connect_error
+        if error is None:
+            return
+        age = time.monotonic() - self._connect_failed_at
+        if age < self.options.connect_failure_cache_s:
+            raise CohortConnectError(error.target, error.timeout_s, error.cause, failed_s_ago=age)
 
     async def _wait_connected(self, limit: float | None) -> None:
         if self._channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:

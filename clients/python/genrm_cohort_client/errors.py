@@ -10,6 +10,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 __all__ = [
+    "CONNECT_FAILED",
     "NEVER_RETRY",
     "REGENERATE_GROUP",
     "RETRY_SAME_CALL",
@@ -19,6 +20,9 @@ __all__ = [
     "error_info",
     "status_error_info",
 ]
+
+CONNECT_FAILED = "CONNECT_FAILED"
+"""The reason of :class:`CohortConnectError` (set by the client, not sent by a server)."""
 
 RETRY_SAME_CALL = frozenset({grpc.StatusCode.UNAVAILABLE})
 REGENERATE_GROUP = frozenset({grpc.StatusCode.ABORTED})
@@ -150,15 +154,36 @@ class CohortError(Exception):
 class CohortConnectError(CohortError):
     """The client could not connect to ``target`` within its connect deadline.
 
-    Raised (code ``UNAVAILABLE``, no ErrorInfo reason) instead of waiting silently until
-    a call's deadline when nothing answers at the address. It is not retried: check the
-    address, start the server, or give ``ChannelOptions.connect_timeout_s=None`` (or a
-    longer one) to wait for a server that is still starting.
+    Raised (code ``UNAVAILABLE``, reason ``CONNECT_FAILED``, metadata ``target``) instead
+    of waiting silently until a call's deadline when nothing answers at the address. For
+    ``ChannelOptions.connect_failure_cache_s`` after a failed attempt, further calls get
+    the same failure at once (``failed_s_ago`` set) instead of waiting again. It is not
+    retried: check the address, start the server, or give
+    ``ChannelOptions.connect_timeout_s=None`` (or a longer one) to wait for a server that
+    is still starting.
     """
 
-    def __init__(self, target: str, timeout_s: float, cause: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        target: str,
+        timeout_s: float,
+        cause: str,
+        *,
+        failed_s_ago: float | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.cause = cause
+        #: Set when this is the remembered failure of an earlier attempt (no new wait).
+        self.failed_s_ago = failed_s_ago
         message = f"cannot connect to {target} within {timeout_s:g} s: {cause}"
-        super().__init__(ErrorDetails(code=grpc.StatusCode.UNAVAILABLE, message=message), **kwargs)
+        if failed_s_ago is not None:
+            message += f" (that attempt failed {failed_s_ago:.1f} s ago; not tried again yet)"
+        details = ErrorDetails(
+            code=grpc.StatusCode.UNAVAILABLE,
+            message=message,
+            reason=CONNECT_FAILED,
+            metadata={"target": target},
+        )
+        super().__init__(details, **kwargs)

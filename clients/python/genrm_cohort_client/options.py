@@ -23,8 +23,11 @@ class ChannelOptions:
     connection: when nothing answers at the address within it, calls raise
     :class:`~genrm_cohort_client.CohortConnectError` instead of waiting until their
     deadline; ``None`` waits as long as the call's deadline allows (for a server that is
-    still starting). Once connected, ``wait_for_ready`` makes calls wait for a
-    reconnection (until their deadline) instead of failing at once.
+    still starting). After a failed connect, calls within ``connect_failure_cache_s``
+    (5 s; 0 turns it off) get that failure at once instead of each waiting
+    ``connect_timeout_s`` again against a dead address. Once connected,
+    ``wait_for_ready`` makes calls wait for a reconnection (until their deadline) instead
+    of failing at once.
     TLS is on when ``tls`` is true or any certificate is given; ``client_cert_chain`` +
     ``client_private_key`` (PEM) enable mutual TLS. ``bearer_token`` is sent as
     ``authorization: Bearer <token>`` metadata on every call (use TLS outside loopback).
@@ -37,6 +40,7 @@ class ChannelOptions:
     keepalive_permit_without_calls: bool = True
     wait_for_ready: bool = True
     connect_timeout_s: float | None = 5.0
+    connect_failure_cache_s: float = 5.0
     initial_reconnect_backoff_ms: int = 1_000
     max_reconnect_backoff_ms: int = 10_000
     tls: bool = False
@@ -53,6 +57,8 @@ class ChannelOptions:
             raise ValueError("mutual TLS needs both client_private_key and client_cert_chain")
         if self.connect_timeout_s is not None and not 0 < self.connect_timeout_s < float("inf"):
             raise ValueError("connect_timeout_s must be > 0 and finite (or None to wait)")
+        if not 0 <= self.connect_failure_cache_s < float("inf"):
+            raise ValueError("connect_failure_cache_s must be >= 0 and finite (0: never cache)")
         for name in ("max_send_message_bytes", "max_receive_message_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
