@@ -121,6 +121,27 @@ GROUP_ID_METADATA = "x-genrm-group-id"
 SERVER_INSTANCE_METADATA = "x-genrm-server-instance"
 
 
+#: The unary RPCs, called as unary-stream on the same method (identical on the wire): a
+#: unary-unary call of grpc.aio sees the initial metadata only with the answer, so a
+#: member waiting for its cohort would learn the server instance only at the end.
+_UNARY_RPCS: dict[str, tuple[Any, Any]] = {
+    "SubmitMember": (pb.SubmitMemberRequest, pb.SubmitMemberResponse),
+    "Compare": (pb.CompareRequest, pb.CompareResponse),
+    "GetCohort": (pb.GetCohortRequest, pb.GetCohortResponse),
+}
+
+
+def _early_metadata_calls(channel: grpc.aio.Channel) -> dict[str, Any]:
+    return {
+        name: channel.unary_stream(
+            f"/genrm.cohort.v1.CohortService/{name}",
+            request_serializer=request.SerializeToString,
+            response_deserializer=response.FromString,
+        )
+        for name, (request, response) in _UNARY_RPCS.items()
+    }
+
+
 class _Call:
     """One logical call across its resends: what it is, since when it retries."""
 
@@ -193,6 +214,7 @@ class CohortClient:
         self._channel = channel if channel is not None else make_channel(target, self.options)
         self._metadata = self.options.call_metadata() or None
         self.stub = pb_grpc.CohortServiceStub(self._channel)
+        self._unary_calls = _early_metadata_calls(self._channel)
         self.attempts = GroupAttempts()
         #: Retries per reason, server instance changes, connect failures (ClientStats).
         self.stats = ClientStats()
@@ -467,6 +489,7 @@ class CohortClient:
             return
         self.stats.server_instance = seen
         if known is None:
+            log.debug("%s: answered by server instance %s", self.target, seen)
             return
         self.stats.server_instance_changes += 1
         waiting = self._retrying_now
@@ -520,14 +543,20 @@ class CohortClient:
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
     async def _unary(
-        self, method: Any, request: Any, timeout: float | None, state: _Call | None, **ctx: Any
+        self, method: str, request: Any, timeout: float | None, state: _Call | None, **ctx: Any
     ) -> Any:
         await self.connect()
-        call = method(request, **self._call_kwargs(timeout, ctx.get("group_id")))
+        call = self._unary_calls[method](request, **self._call_kwargs(timeout, ctx.get("group_id")))
         try:
             # Sent first by the server: known while the call still waits for its answer.
             self._note_instance(await call.initial_metadata(), state)
-            return await call
+            answers = [response async for response in call]
+            if len(answers) != 1:
+                details = f"{method} answered {len(answers)} messages instead of one"
+                raise CohortError(
+                    ErrorDetails(code=grpc.StatusCode.INTERNAL, message=details), **ctx
+                )
+            return answers[0]
         except grpc.RpcError as exc:
             raise CohortError.from_rpc_error(exc, **ctx) from None
         except asyncio.CancelledError:
@@ -560,7 +589,7 @@ class CohortClient:
             self.attempts.record(member.group_id, member.group_attempt)
 
         async def once(state: _Call) -> pb.MemberResult:
-            response = await self._unary(self.stub.SubmitMember, request, timeout, state, **ctx)
+            response = await self._unary("SubmitMember", request, timeout, state, **ctx)
             result: pb.MemberResult = response.result
             return result
 
@@ -580,9 +609,7 @@ class CohortClient:
         )
 
         async def once(state: _Call) -> pb.CompareResponse:
-            response: pb.CompareResponse = await self._unary(
-                self.stub.Compare, request, timeout, state
-            )
+            response: pb.CompareResponse = await self._unary("Compare", request, timeout, state)
             return response
 
         what = f"Compare of {len(request.candidates)} candidates"
@@ -609,7 +636,7 @@ class CohortClient:
             request.prompt.CopyFrom(make_prompt(prompt))
 
         async def once(state: _Call) -> pb.CohortInfo:
-            response = await self._unary(self.stub.GetCohort, request, timeout, state)
+            response = await self._unary("GetCohort", request, timeout, state)
             info: pb.CohortInfo = response.cohort
             return info
 
