@@ -195,7 +195,13 @@ class CohortClient:
     the deadline of *one* call (default ``default_timeout_s``), so the total time of a
     retried call is bounded by ``RetryPolicy.max_attempts`` / ``max_elapsed_s``. The
     client must be created and used on one event loop (use :class:`SyncCohortClient`
-    from synchronous code).
+    from synchronous code). ``stats`` (:class:`ClientStats`) counts its retries per
+    reason, server instance changes and connect failures.
+
+    ``SubmitMember``, ``Compare`` and ``GetCohort`` go out as unary-stream calls of
+    the same methods (the same bytes on the wire), so that the server's initial
+    metadata is seen while a call waits; a ``channel`` given with client interceptors
+    therefore sees them as unary-stream calls. ``self.stub`` is the plain stub.
     """
 
     def __init__(
