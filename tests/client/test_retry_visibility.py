@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,46 +27,11 @@ from grpc_status import rpc_status
 from genrm_grpc.config import load_settings
 from genrm_grpc.server.app import CohortServer
 from genrm_grpc.testing import FakeJudgeServer
+from tests.client.support import ClientLog
 from tests.client.test_client import _Recorder
 
 PROMPT = "2+2?"
 FAST = ChannelOptions(initial_reconnect_backoff_ms=50, max_reconnect_backoff_ms=100)
-
-
-class Warnings(logging.Handler):
-    """The client's log records, with an event per kind of message for waiting tests."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-        self.seen = asyncio.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-        self.seen.set()
-
-    def matching(self, text: str) -> list[logging.LogRecord]:
-        return [r for r in self.records if text in r.getMessage()]
-
-    async def wait_for(self, text: str) -> logging.LogRecord:
-        while not self.matching(text):
-            self.seen.clear()
-            await self.seen.wait()
-        return self.matching(text)[0]
-
-
-@pytest.fixture
-def warnings() -> Iterator[Warnings]:
-    handler = Warnings()
-    logger = logging.getLogger("genrm_cohort_client")
-    logger.addHandler(handler)
-    previous = logger.level
-    logger.setLevel(logging.DEBUG)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
 
 
 @asynccontextmanager
@@ -93,7 +58,7 @@ def ref(index: int, group: str = "restart-1") -> dict[str, Any]:
 
 
 async def test_a_member_waiting_on_a_draining_server_warns_counts_and_reattaches_after_restart(
-    fake_judge: FakeJudgeServer, tmp_path: Path, warnings: Warnings
+    fake_judge: FakeJudgeServer, tmp_path: Path, client_log: ClientLog
 ) -> None:
     store = f"sqlite:///{tmp_path / 'state.sqlite3'}"
     policy = RetryPolicy(initial_backoff_s=0.01, jitter_s=0.0, warn_every_s=0.05)
@@ -103,11 +68,11 @@ async def test_a_member_waiting_on_a_draining_server_warns_counts_and_reattaches
         port = first.port
         client = CohortClient(f"127.0.0.1:{port}", options=FAST, retry=policy)
         waiting = asyncio.create_task(client.submit_member(ref(0), PROMPT, "four"))
-        await warnings.wait_for("answered by server instance")  # it waits for its cohort
+        await client_log.wait_for("answered by server instance")  # it waits for its cohort
         assert client.stats.server_instance == first.servicer.instance_id
         await first.stop()  # the cohort is kept in the store: UNAVAILABLE / SHUTTING_DOWN
 
-    first_retry = await warnings.wait_for("resending after UNAVAILABLE/SHUTTING_DOWN")
+    first_retry = await client_log.wait_for("resending after UNAVAILABLE/SHUTTING_DOWN")
     assert first_retry.levelno == logging.WARNING
     message = first_retry.getMessage()
     assert "SubmitMember group_id='restart-1' group_attempt=0 rollout_index=0" in message
@@ -117,7 +82,7 @@ async def test_a_member_waiting_on_a_draining_server_warns_counts_and_reattaches
     assert fields["code"] == "UNAVAILABLE" and fields["reason"] == "SHUTTING_DOWN"
     assert fields["retries"] == 1 and fields["elapsed_s"] >= 0
     # Nobody answers now: the call keeps waiting, and says so every warn_every_s.
-    still = await warnings.wait_for("waiting for the server to come back")
+    still = await client_log.wait_for("waiting for the server to come back")
     assert still.levelno == logging.WARNING and "SHUTTING_DOWN" in still.getMessage()
     assert not waiting.done()
     assert client.stats.retries_by_reason == {"UNAVAILABLE/SHUTTING_DOWN": 1}
@@ -132,21 +97,21 @@ async def test_a_member_waiting_on_a_draining_server_warns_counts_and_reattaches
     # The restarted process is another instance: counted, and a warning (a call waited).
     assert client.stats.server_instance == second.servicer.instance_id
     assert client.stats.server_instance_changes == 1
-    changed = warnings.matching("is another process now")
+    changed = client_log.matching("is another process now")
     assert len(changed) == 1 and changed[0].levelno == logging.WARNING
     assert first.servicer.instance_id in changed[0].getMessage()
     assert second.servicer.instance_id in changed[0].getMessage()
 
 
 async def test_a_call_gives_up_with_the_last_error_after_max_elapsed_s_of_retrying(
-    fake_judge: FakeJudgeServer, tmp_path: Path, warnings: Warnings
+    fake_judge: FakeJudgeServer, tmp_path: Path, client_log: ClientLog
 ) -> None:
     store = f"sqlite:///{tmp_path / 'state.sqlite3'}"
     policy = RetryPolicy(initial_backoff_s=0.01, jitter_s=0.0, max_elapsed_s=0.3, warn_every_s=0.1)
     async with serving(fake_judge.url, store) as server:
         client = CohortClient(f"127.0.0.1:{server.port}", options=FAST, retry=policy)
         waiting = asyncio.create_task(client.submit_member(ref(0), PROMPT, "four"))
-        await warnings.wait_for("answered by server instance")
+        await client_log.wait_for("answered by server instance")
     # Drained and never restarted: the call retries for 0.3 s, then raises.
     with pytest.raises(CohortError) as caught:
         await waiting
@@ -154,25 +119,25 @@ async def test_a_call_gives_up_with_the_last_error_after_max_elapsed_s_of_retryi
     assert caught.value.code == grpc.StatusCode.UNAVAILABLE
     assert caught.value.reason == "SHUTTING_DOWN"
     assert client.stats.gave_up == 1
-    gave_up = warnings.matching("giving up after")
+    gave_up = client_log.matching("giving up after")
     assert len(gave_up) == 1 and gave_up[0].__dict__["retrying_s"] >= 0.3
     assert "rollout_index=0" in gave_up[0].getMessage()
 
 
 async def test_a_different_server_on_the_same_port_under_a_retrying_call_is_a_warning(
-    fake_judge: FakeJudgeServer, tmp_path: Path, warnings: Warnings
+    fake_judge: FakeJudgeServer, tmp_path: Path, client_log: ClientLog
 ) -> None:
     policy = RetryPolicy(initial_backoff_s=0.01, jitter_s=0.0, warn_every_s=60)
     async with serving(fake_judge.url, f"sqlite:///{tmp_path / 'a.sqlite3'}") as first:
         port, was = first.port, first.servicer.instance_id
         client = CohortClient(f"127.0.0.1:{port}", options=FAST, retry=policy)
         waiting = asyncio.create_task(client.submit_member(ref(0, "lost"), PROMPT, "four"))
-        await warnings.wait_for("answered by server instance")
-    await warnings.wait_for("resending after")
+        await client_log.wait_for("answered by server instance")
+    await client_log.wait_for("resending after")
     # An unrelated server (its own store) takes the port: the member starts a new cohort
     # there and would wait for a partner that never comes; the client says so.
     async with serving(fake_judge.url, "memory://", port=port) as stranger:
-        changed = await warnings.wait_for("is another process now")
+        changed = await client_log.wait_for("is another process now")
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
@@ -184,7 +149,7 @@ async def test_a_different_server_on_the_same_port_under_a_retrying_call_is_a_wa
     assert "SubmitMember group_id='lost'" in changed.getMessage()
     assert client.stats.server_instance_changes == 1
     # warn_every_s=60: one warning for the first retry, however many retries followed.
-    assert len(warnings.matching("resending after")) == 1
+    assert len(client_log.matching("resending after")) == 1
 
 
 def _overloaded(code: grpc.StatusCode) -> grpc.Status:
@@ -216,7 +181,7 @@ class _Overloaded(_Recorder):
 
 
 async def test_server_overloaded_is_resent_with_backoff_and_counted_per_reason(
-    warnings: Warnings,
+    client_log: ClientLog,
 ) -> None:
     refusals = [grpc.StatusCode.UNAVAILABLE] * 4 + [grpc.StatusCode.RESOURCE_EXHAUSTED]
     servicer = _Overloaded(refusals)
@@ -243,7 +208,7 @@ async def test_server_overloaded_is_resent_with_backoff_and_counted_per_reason(
         "UNAVAILABLE/SERVER_OVERLOADED": 4,
         "RESOURCE_EXHAUSTED/SERVER_OVERLOADED": 1,
     }
-    assert len(warnings.matching("resending after UNAVAILABLE/SERVER_OVERLOADED")) == 1
+    assert len(client_log.matching("resending after UNAVAILABLE/SERVER_OVERLOADED")) == 1
 
 
 @pytest.mark.parametrize(
