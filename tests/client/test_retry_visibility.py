@@ -85,7 +85,9 @@ async def test_a_member_waiting_on_a_draining_server_warns_counts_and_reattaches
     still = await client_log.wait_for("waiting for the server to come back")
     assert still.levelno == logging.WARNING and "SHUTTING_DOWN" in still.getMessage()
     assert not waiting.done()
-    assert client.stats.retries_by_reason == {"UNAVAILABLE/SHUTTING_DOWN": 1}
+    # (A resend that raced the drain meets SHUTTING_DOWN or a transport UNAVAILABLE.)
+    assert client.stats.retries_by_reason["UNAVAILABLE/SHUTTING_DOWN"] >= 1
+    assert set(client.stats.retries_by_reason) <= {"UNAVAILABLE/SHUTTING_DOWN", "UNAVAILABLE"}
     assert client.stats.retried_calls == 1 and client.stats.gave_up == 0
 
     async with serving(fake_judge.url, store, port=port) as second:

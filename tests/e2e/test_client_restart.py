@@ -82,7 +82,8 @@ async def test_a_member_waiting_through_a_server_restart_warns_and_then_gets_its
     )
     assert not result.mask_sample and not other.mask_sample
     assert {result.member.rollout_index, other.member.rollout_index} == {0, 1}
-    assert stats.retries_by_reason.get("UNAVAILABLE/SHUTTING_DOWN") == 1
+    assert stats.retries_by_reason.get("UNAVAILABLE/SHUTTING_DOWN", 0) >= 1
+    assert set(stats.retries_by_reason) <= {"UNAVAILABLE/SHUTTING_DOWN", "UNAVAILABLE"}
     assert stats.gave_up == 0 and stats.server_instance_changes == 1
     before, after = _instances(tmp_path / "server.log")
     assert before != after and stats.server_instance == after
