@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import logging
 from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import httpx
@@ -100,3 +102,40 @@ def gym_rows(
             row["_ng_group_attempt"] = attempt
         rows.append(row)
     return rows
+
+
+class ClientLog(logging.Handler):
+    """The client's log records, with an event per kind of message for waiting tests."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.seen = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self.seen.set()
+
+    def matching(self, text: str) -> list[logging.LogRecord]:
+        return [r for r in self.records if text in r.getMessage()]
+
+    async def wait_for(self, text: str) -> logging.LogRecord:
+        while not self.matching(text):
+            self.seen.clear()
+            await self.seen.wait()
+        return self.matching(text)[0]
+
+
+@contextmanager
+def capture_client_log() -> Iterator[ClientLog]:
+    """The records of logger ``genrm_cohort_client`` (DEBUG and up) while inside."""
+    handler = ClientLog()
+    logger = logging.getLogger("genrm_cohort_client")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)

@@ -371,6 +371,7 @@ async def test_a_member_the_server_side_cancelled_is_resent_and_gets_its_reward(
         await server.stop(None)
     assert result.reward == 0.5
     assert servicer.calls == 3
+    assert client.stats.retries_by_reason == {"CANCELLED": 2}
 
 
 class _Holds(_Recorder):
@@ -412,6 +413,7 @@ async def test_a_call_the_caller_cancels_or_the_client_closes_is_not_resent() ->
         with pytest.raises((asyncio.CancelledError, CohortError)):
             await call
         assert servicer.calls == 2
+        assert client.stats.retries == 0
     finally:
         await server.stop(None)
 

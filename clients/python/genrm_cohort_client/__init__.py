@@ -8,8 +8,10 @@ this package adds:
   ``submit_member``, ``compare``, ``get_cohort``; group ids minted client-side
   (:func:`new_group_id`, time-ordered UUIDv7) and attempts tracked per group;
 * :class:`RetryPolicy` (tenacity): ``UNAVAILABLE`` → resend the same submission with
-  exponential backoff and jitter; ``ABORTED`` → optionally a replacement group as
-  attempt + 1; never INVALID_ARGUMENT / FAILED_PRECONDITION / ALREADY_EXISTS;
+  exponential backoff and jitter, a WARNING on the first retry and every minute after,
+  giving up after ``max_elapsed_s`` (900 s) of retrying; ``ABORTED`` → optionally a
+  replacement group as attempt + 1; never INVALID_ARGUMENT / FAILED_PRECONDITION /
+  ALREADY_EXISTS; ``client.stats`` (:class:`ClientStats`) counts what happened;
 * :class:`ChannelOptions`: keepalive matched to the server, message limits,
   wait-for-ready, TLS / mTLS and a bearer token;
 * :func:`score_groups` / :func:`score_samples` (module ``batch``): blocking batch
@@ -45,10 +47,12 @@ from genrm_cohort_client.client import (
     make_prompt,
 )
 from genrm_cohort_client.errors import (
+    CLIENT_DOMAIN,
     CONNECT_FAILED,
     NEVER_RETRY,
     REGENERATE_GROUP,
     RETRY_SAME_CALL,
+    SERVER_OVERLOADED,
     CohortConnectError,
     CohortError,
     ErrorDetails,
@@ -62,17 +66,21 @@ from genrm_cohort_client.options import (
     RetryPolicy,
     make_channel,
 )
+from genrm_cohort_client.stats import ClientStats
 from genrm_cohort_client.sync import SyncCohortClient
 
 __all__ = [
+    "CLIENT_DOMAIN",
     "CONNECT_FAILED",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "NEVER_RETRY",
     "REGENERATE_GROUP",
     "RETRY_SAME_CALL",
+    "SERVER_OVERLOADED",
     "BatchScores",
     "CandidateLike",
     "ChannelOptions",
+    "ClientStats",
     "CohortClient",
     "CohortConnectError",
     "CohortError",

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import math
+import random
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -25,6 +28,7 @@ from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from google.protobuf import json_format
 
 from genrm_cohort_client.errors import (
+    SERVER_OVERLOADED,
     CohortConnectError,
     CohortError,
     ErrorDetails,
@@ -32,6 +36,7 @@ from genrm_cohort_client.errors import (
 )
 from genrm_cohort_client.ids import GroupAttempts, new_group_id
 from genrm_cohort_client.options import ChannelOptions, RetryPolicy, checked_retry, make_channel
+from genrm_cohort_client.stats import ClientStats, reason_key
 
 __all__ = [
     "CandidateLike",
@@ -45,6 +50,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("genrm_cohort_client")
 
 PromptLike = pb.Prompt | str | Sequence[tuple[str, str]] | Sequence[Mapping[str, str]]
 """A ``Prompt``, a single user turn, ``(role, content)`` pairs or ``{"role", "content"}`` dicts."""
@@ -110,6 +117,67 @@ def make_candidate(candidate: CandidateLike) -> pb.Candidate:
 
 #: Metadata key carrying a SubmitMember's ``group_id`` (for group-affine load balancing).
 GROUP_ID_METADATA = "x-genrm-group-id"
+#: Initial-metadata key naming the server process that answers (docs/protocol.md).
+SERVER_INSTANCE_METADATA = "x-genrm-server-instance"
+
+
+#: The unary RPCs, called as unary-stream on the same method (identical on the wire): a
+#: unary-unary call of grpc.aio sees the initial metadata only with the answer, so a
+#: member waiting for its cohort would learn the server instance only at the end.
+_UNARY_RPCS: dict[str, tuple[Any, Any]] = {
+    "SubmitMember": (pb.SubmitMemberRequest, pb.SubmitMemberResponse),
+    "Compare": (pb.CompareRequest, pb.CompareResponse),
+    "GetCohort": (pb.GetCohortRequest, pb.GetCohortResponse),
+}
+
+
+def _early_metadata_calls(channel: grpc.aio.Channel) -> dict[str, Any]:
+    return {
+        name: channel.unary_stream(
+            f"/genrm.cohort.v1.CohortService/{name}",
+            request_serializer=request.SerializeToString,
+            response_deserializer=response.FromString,
+        )
+        for name, (request, response) in _UNARY_RPCS.items()
+    }
+
+
+class _Call:
+    """One logical call across its resends: what it is, since when it retries."""
+
+    __slots__ = (
+        "calls",
+        "describe",
+        "first_failure",
+        "instance",
+        "last_error",
+        "last_warned",
+        "retries",
+        "started",
+    )
+
+    def __init__(self, describe: Callable[[], str], started: float) -> None:
+        self.describe = describe
+        self.started = started
+        self.calls = 0
+        self.retries = 0
+        self.first_failure: float | None = None
+        self.last_warned = started
+        self.last_error: CohortError | None = None
+        self.instance: str | None = None
+
+
+def _members(indices: Iterable[int]) -> str:
+    shown = sorted(indices)
+    return ",".join(map(str, shown[:16])) + (f",… ({len(shown)} in all)" if len(shown) > 16 else "")
+
+
+def _describe_ref(method: str, ref: pb.MemberRef) -> str:
+    if ref.HasField("group_id"):
+        where = f"group_id={ref.group_id!r} group_attempt={ref.group_attempt}"
+    else:
+        where = f"task_index={ref.task_index}"
+    return f"{method} {where} rollout_index={ref.rollout_index}"
 
 
 class _Done:
@@ -127,7 +195,13 @@ class CohortClient:
     the deadline of *one* call (default ``default_timeout_s``), so the total time of a
     retried call is bounded by ``RetryPolicy.max_attempts`` / ``max_elapsed_s``. The
     client must be created and used on one event loop (use :class:`SyncCohortClient`
-    from synchronous code).
+    from synchronous code). ``stats`` (:class:`ClientStats`) counts its retries per
+    reason, server instance changes and connect failures.
+
+    ``SubmitMember``, ``Compare`` and ``GetCohort`` go out as unary-stream calls of
+    the same methods (the same bytes on the wire), so that the server's initial
+    metadata is seen while a call waits; a ``channel`` given with client interceptors
+    therefore sees them as unary-stream calls. ``self.stub`` is the plain stub.
     """
 
     def __init__(
@@ -146,13 +220,19 @@ class CohortClient:
         self._channel = channel if channel is not None else make_channel(target, self.options)
         self._metadata = self.options.call_metadata() or None
         self.stub = pb_grpc.CohortServiceStub(self._channel)
+        self._unary_calls = _early_metadata_calls(self._channel)
         self.attempts = GroupAttempts()
+        #: Retries per reason, server instance changes, connect failures (ClientStats).
+        self.stats = ClientStats()
+        self._clock: Callable[[], float] = time.monotonic  # a seam for tests
         self._connected = False
         self._connect_lock: asyncio.Lock | None = None
         self._connect_failures = 0
         self._connect_error: CohortConnectError | None = None
-        self._connect_failed_at = 0.0
+        self._connect_error_at = 0.0
         self._closing = False
+        self._closed = asyncio.Event()
+        self._retrying_now = 0
 
     async def __aenter__(self) -> CohortClient:
         return self
@@ -162,6 +242,7 @@ class CohortClient:
 
     async def close(self) -> None:
         self._closing = True  # calls it ends come back CANCELLED: never resend those
+        self._closed.set()  # calls waiting for a lost server give up
         await self._channel.close(None)
 
     @property
@@ -175,37 +256,44 @@ class CohortClient:
         no limit). Raises :class:`CohortConnectError` when nothing answers in time. Every
         call does this implicitly until the client has connected once; calling it first
         lets a program say "connecting…" and fail early. Concurrent callers share one
-        attempt: when it fails, all of them get the error at once.
+        attempt: when it fails, all of them get the error at once. A failure is
+        remembered for ``ChannelOptions.connect_failure_ttl_s``: until then calls (and
+        ``connect()`` without ``timeout``) raise it at once instead of waiting again; an
+        explicit ``timeout`` always makes a new attempt.
         """
         if self._connected:
             return
-        self._raise_remembered_connect_failure()
         if self._connect_lock is None:
             self._connect_lock = asyncio.Lock()
+        if timeout is None:
+            self._raise_remembered_connect_error()
         failures = self._connect_failures
         async with self._connect_lock:
             if self._connected:
                 return
             if self._connect_failures != failures and self._connect_error is not None:
-                error = self._connect_error  # the attempt this caller queued behind failed
-                raise CohortConnectError(error.target, error.timeout_s, error.cause)
+                # The attempt this caller queued behind failed.
+                raise self._connect_error.again(None)
             limit = self.options.connect_timeout_s if timeout is None else timeout
             try:
                 await self._wait_connected(limit)
             except CohortConnectError as exc:
                 self._connect_failures += 1
+                self.stats.connect_failures += 1
                 self._connect_error = exc
-                self._connect_failed_at = time.monotonic()
+                self._connect_error_at = self._clock()
                 raise
             self._connected = True
+            self._connect_error = None
 
-    def _raise_remembered_connect_failure(self) -> None:
-        error = self._connect_error
-        if error is None:
+    def _raise_remembered_connect_error(self) -> None:
+        error, ttl = self._connect_error, self.options.connect_failure_ttl_s
+        if error is None or ttl <= 0:
             return
-        age = time.monotonic() - self._connect_failed_at
-        if age < self.options.connect_failure_cache_s:
-            raise CohortConnectError(error.target, error.timeout_s, error.cause, failed_s_ago=age)
+        age = self._clock() - self._connect_error_at
+        if age < ttl:
+            self.stats.connect_failures_cached += 1
+            raise error.again(age)
 
     async def _wait_connected(self, limit: float | None) -> None:
         if self._channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
@@ -258,8 +346,8 @@ class CohortClient:
     def _retryable(self, policy: RetryPolicy, exc: BaseException) -> bool:
         if not isinstance(exc, CohortError) or isinstance(exc, CohortConnectError):
             return False  # a connect failure already waited its connect deadline
-        if exc.code == grpc.StatusCode.UNAVAILABLE:
-            return True
+        if exc.code == grpc.StatusCode.UNAVAILABLE or exc.reason == SERVER_OVERLOADED:
+            return True  # SERVER_OVERLOADED: a server's RPC limits, whatever the code
         if exc.code == grpc.StatusCode.CANCELLED:
             # Not the caller: its cancellation ends the awaiting task and never gets
             # here. A CANCELLED status without ErrorInfo comes from the other side, e.g.
@@ -272,48 +360,214 @@ class CohortClient:
             and not exc.reason
         )
 
-    def _retrying(self, policy: RetryPolicy) -> tenacity.AsyncRetrying:
-        stop: Any = tenacity.stop_after_attempt(policy.max_attempts)
-        if policy.max_elapsed_s is not None:
-            stop = stop | tenacity.stop_after_delay(policy.max_elapsed_s)
-        wait = tenacity.wait_exponential(
-            multiplier=policy.initial_backoff_s, max=policy.max_backoff_s
-        ) + tenacity.wait_random(0, policy.jitter_s)
+    def _retry_budget_left(self, policy: RetryPolicy, state: _Call) -> float:
+        """Seconds this call may still spend retrying (``max_elapsed_s``)."""
+        if policy.max_elapsed_s is None:
+            return math.inf
+        if state.first_failure is None:
+            return policy.max_elapsed_s
+        return policy.max_elapsed_s - (self._clock() - state.first_failure)
 
-        def before_sleep(state: tenacity.RetryCallState) -> None:
-            if policy.on_retry is not None and state.outcome is not None:
-                exc = state.outcome.exception()
-                sleep = state.next_action.sleep if state.next_action else 0.0
-                if isinstance(exc, Exception):
-                    policy.on_retry(exc, state.attempt_number, float(sleep))
+    def _retrying(self, policy: RetryPolicy, state: _Call) -> tenacity.AsyncRetrying:
+        def after(retry_state: tenacity.RetryCallState) -> None:
+            # After a retryable failure, before stop and wait are decided.
+            exc = retry_state.outcome.exception() if retry_state.outcome else None
+            if isinstance(exc, CohortError):
+                state.last_error = exc
+            if state.first_failure is None:
+                state.first_failure = self._clock()
+
+        def stop(retry_state: tenacity.RetryCallState) -> bool:
+            return (
+                state.calls >= policy.max_attempts
+                or self._retry_budget_left(policy, state) <= 0
+                or self._closing
+            )
+
+        def wait(retry_state: tenacity.RetryCallState) -> float:
+            backoff = policy.initial_backoff_s * 2.0 ** min(state.retries, 64)
+            sleep = min(policy.max_backoff_s, backoff) + random.uniform(0, policy.jitter_s)
+            return max(0.0, min(sleep, self._retry_budget_left(policy, state)))
+
+        def before_sleep(retry_state: tenacity.RetryCallState) -> None:
+            error = state.last_error
+            sleep = retry_state.next_action.sleep if retry_state.next_action else 0.0
+            state.retries += 1
+            if state.retries == 1:
+                self.stats.retried_calls += 1
+                self._retrying_now += 1
+            if error is not None:
+                self.stats.count_retry(reason_key(error.code.name, error.reason))
+                first = state.retries == 1
+                if first or self._clock() - state.last_warned >= policy.warn_every_s:
+                    self._warn(policy, state, "resending" if first else "still retrying")
+            if policy.on_retry is not None and error is not None:
+                policy.on_retry(error, state.calls, float(sleep))
 
         return tenacity.AsyncRetrying(
             stop=stop,
             wait=wait,
             retry=tenacity.retry_if_exception(lambda e: self._retryable(policy, e)),
+            after=after,
             before_sleep=before_sleep,
             reraise=True,
         )
 
-    async def _with_retry(self, policy: RetryPolicy | None, call: Callable[[], Awaitable[T]]) -> T:
+    def _warn(self, policy: RetryPolicy, state: _Call, doing: str) -> None:
+        """One WARNING about a retrying call: what, why, how long so far, until when."""
+        error = state.last_error
+        now = self._clock()
+        state.last_warned = now
+        retrying = 0.0 if state.first_failure is None else now - state.first_failure
+        why = "?" if error is None else reason_key(error.code.name, error.reason)
+        limit = (
+            "no time limit"
+            if policy.max_elapsed_s is None
+            else f"gives up after {policy.max_elapsed_s:g} s of retrying"
+        )
+        log.warning(
+            "%s to %s: %s after %s (%s): retry %d, retrying for %.1f s, %.1f s since the "
+            "call started; %s, at most %d calls",
+            state.describe(),
+            self.target,
+            doing,
+            why,
+            "" if error is None else error.message,
+            state.retries,
+            retrying,
+            now - state.started,
+            limit,
+            policy.max_attempts,
+            extra={
+                "call": state.describe(),
+                "target": self.target,
+                "code": "" if error is None else error.code.name,
+                "reason": "" if error is None else error.reason,
+                "retries": state.retries,
+                "retrying_s": round(retrying, 3),
+                "elapsed_s": round(now - state.started, 3),
+                "server_instance": state.instance or "",
+            },
+        )
+
+    async def _await_server(self, policy: RetryPolicy, state: _Call) -> None:
+        """Before a resend: wait for the channel to be ready, within the retry budget.
+
+        With ``wait_for_ready`` a resent call would otherwise wait for a lost server on
+        its own, silently and up to its whole deadline. Here it waits in the open: a
+        WARNING every ``warn_every_s`` and the last error once ``max_elapsed_s`` of
+        retrying is spent (or the client closes).
+        """
+        if not self.options.wait_for_ready:
+            return  # calls fail fast while the server is away; backoff paces them
+        assert state.last_error is not None
+        while True:
+            connectivity = self._channel.get_state(try_to_connect=True)
+            if connectivity == grpc.ChannelConnectivity.READY:
+                return
+            left = self._retry_budget_left(policy, state)
+            if self._closing or left <= 0 or connectivity == grpc.ChannelConnectivity.SHUTDOWN:
+                raise state.last_error
+            due = state.last_warned + policy.warn_every_s - self._clock()
+            if due <= 0:
+                self._warn(policy, state, "waiting for the server to come back")
+                due = policy.warn_every_s
+            changed = asyncio.ensure_future(self._channel.wait_for_state_change(connectivity))
+            closed = asyncio.ensure_future(self._closed.wait())
+            try:
+                await asyncio.wait(
+                    {changed, closed}, timeout=min(due, left), return_when="FIRST_COMPLETED"
+                )
+            finally:
+                for waiter in (changed, closed):
+                    waiter.cancel()
+                await asyncio.gather(changed, closed, return_exceptions=True)
+
+    def _note_instance(self, metadata: Any, state: _Call | None) -> None:
+        """Remember the server instance an answer came from; say when it changed."""
+        seen = next((str(v) for k, v in (metadata or ()) if k == SERVER_INSTANCE_METADATA), None)
+        if not seen:
+            return
+        if state is not None:
+            state.instance = seen
+        known = self.stats.server_instance
+        if known == seen:
+            return
+        self.stats.server_instance = seen
+        if known is None:
+            log.debug("%s: answered by server instance %s", self.target, seen)
+            return
+        self.stats.server_instance_changes += 1
+        waiting = self._retrying_now
+        level = (
+            logging.WARNING if waiting or (state is not None and state.retries) else logging.INFO
+        )
+        log.log(
+            level,
+            "the server at %s is another process now (instance %s, was %s), noticed by %s; "
+            "%d call(s) of this client are retrying: a restarted server with the same store "
+            "reattaches resent members, any other server on this address starts new cohorts "
+            "for them (which wait for members that may never come)",
+            self.target,
+            seen,
+            known,
+            "a call" if state is None else state.describe(),
+            waiting,
+            extra={
+                "target": self.target,
+                "server_instance": seen,
+                "previous_server_instance": known,
+                "call": "" if state is None else state.describe(),
+                "retrying_calls": waiting,
+            },
+        )
+
+    async def _with_retry(
+        self,
+        policy: RetryPolicy | None,
+        call: Callable[[_Call], Awaitable[T]],
+        describe: Callable[[], str],
+    ) -> T:
         policy = checked_retry(policy) or self.retry
-        calls = 0
+        state = _Call(describe, self._clock())
         try:
-            async for attempt in self._retrying(policy):
+            async for attempt in self._retrying(policy, state):
                 with attempt:
-                    calls += 1
-                    return await call()
+                    if state.retries:
+                        await self._await_server(policy, state)
+                    state.calls += 1
+                    return await call(state)
         except CohortError as exc:
-            exc.attempts = calls
+            exc.attempts = max(state.calls, 1)
+            if state.retries and self._retryable(policy, exc) and not self._closing:
+                self.stats.gave_up += 1
+                self._warn(policy, state, f"giving up after {state.calls} calls")
             raise
+        finally:
+            if state.retries:
+                self._retrying_now -= 1
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
-    async def _unary(self, method: Any, request: Any, timeout: float | None, **ctx: Any) -> Any:
+    async def _unary(
+        self, method: str, request: Any, timeout: float | None, state: _Call | None, **ctx: Any
+    ) -> Any:
         await self.connect()
+        call = self._unary_calls[method](request, **self._call_kwargs(timeout, ctx.get("group_id")))
         try:
-            return await method(request, **self._call_kwargs(timeout, ctx.get("group_id")))
+            # Sent first by the server: known while the call still waits for its answer.
+            self._note_instance(await call.initial_metadata(), state)
+            answers = [response async for response in call]
+            if len(answers) != 1:
+                details = f"{method} answered {len(answers)} messages instead of one"
+                raise CohortError(
+                    ErrorDetails(code=grpc.StatusCode.INTERNAL, message=details), **ctx
+                )
+            return answers[0]
         except grpc.RpcError as exc:
             raise CohortError.from_rpc_error(exc, **ctx) from None
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
 
     # -- unary RPCs ------------------------------------------------------------------
 
@@ -340,12 +594,12 @@ class CohortClient:
             ctx = {"group_id": member.group_id, "group_attempt": member.group_attempt}
             self.attempts.record(member.group_id, member.group_attempt)
 
-        async def once() -> pb.MemberResult:
-            response = await self._unary(self.stub.SubmitMember, request, timeout, **ctx)
+        async def once(state: _Call) -> pb.MemberResult:
+            response = await self._unary("SubmitMember", request, timeout, state, **ctx)
             result: pb.MemberResult = response.result
             return result
 
-        return await self._with_retry(retry, once)
+        return await self._with_retry(retry, once, lambda: _describe_ref("SubmitMember", member))
 
     async def compare(
         self,
@@ -360,11 +614,12 @@ class CohortClient:
             prompt=make_prompt(prompt), candidates=[make_candidate(c) for c in candidates]
         )
 
-        async def once() -> pb.CompareResponse:
-            response: pb.CompareResponse = await self._unary(self.stub.Compare, request, timeout)
+        async def once(state: _Call) -> pb.CompareResponse:
+            response: pb.CompareResponse = await self._unary("Compare", request, timeout, state)
             return response
 
-        return await self._with_retry(retry, once)
+        what = f"Compare of {len(request.candidates)} candidates"
+        return await self._with_retry(retry, once, lambda: what)
 
     async def get_cohort(
         self,
@@ -386,12 +641,13 @@ class CohortClient:
         if prompt is not None:
             request.prompt.CopyFrom(make_prompt(prompt))
 
-        async def once() -> pb.CohortInfo:
-            response = await self._unary(self.stub.GetCohort, request, timeout)
+        async def once(state: _Call) -> pb.CohortInfo:
+            response = await self._unary("GetCohort", request, timeout, state)
             info: pb.CohortInfo = response.cohort
             return info
 
-        return await self._with_retry(retry, once)
+        what = f"GetCohort group_id={ref.group_id!r}"
+        return await self._with_retry(retry, once, lambda: what)
 
     # -- streams ---------------------------------------------------------------------
 
@@ -556,7 +812,7 @@ class CohortClient:
     ) -> None:
         pending = dict(members)
 
-        async def one_stream() -> None:
+        async def one_stream(state: _Call) -> None:
             await self._stream_round(
                 group_id,
                 attempt,
@@ -565,9 +821,14 @@ class CohortClient:
                 checked_retry(retry) or self.retry,
                 on_event,
                 emit,
+                state,
             )
 
-        await self._with_retry(retry, one_stream)
+        def describe() -> str:
+            where = f"group_id={group_id!r} group_attempt={attempt}"
+            return f"StreamGroups {where} rollout_index={_members(pending)}"
+
+        await self._with_retry(retry, one_stream, describe)
 
     async def _stream_round(
         self,
@@ -578,6 +839,7 @@ class CohortClient:
         policy: RetryPolicy,
         on_event: Callable[[pb.StreamGroupsResponse], None] | None,
         emit: Callable[[pb.MemberResult], None],
+        state: _Call | None = None,
     ) -> None:
         """One stream carrying every pending member; results leave ``pending``."""
         ctx: dict[str, Any] = {"group_id": group_id, "group_attempt": attempt}
@@ -586,6 +848,7 @@ class CohortClient:
         call = self.stub.StreamGroups(iter(requests), **self._call_kwargs(timeout))
         retry_later: ErrorDetails | None = None
         try:
+            self._note_instance(await call.initial_metadata(), state)
             async for event in call:
                 if on_event is not None:
                     on_event(event)

@@ -10,10 +10,12 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 __all__ = [
+    "CLIENT_DOMAIN",
     "CONNECT_FAILED",
     "NEVER_RETRY",
     "REGENERATE_GROUP",
     "RETRY_SAME_CALL",
+    "SERVER_OVERLOADED",
     "CohortConnectError",
     "CohortError",
     "ErrorDetails",
@@ -21,8 +23,12 @@ __all__ = [
     "status_error_info",
 ]
 
+#: ErrorInfo reason of a server that refuses a call because it holds too many (its
+#: pending/concurrent RPC limits): retried with backoff, whatever the status code.
+SERVER_OVERLOADED = "SERVER_OVERLOADED"
+#: Reason of :class:`CohortConnectError` (minted by this client, domain CLIENT_DOMAIN).
 CONNECT_FAILED = "CONNECT_FAILED"
-"""The reason of :class:`CohortConnectError` (set by the client, not sent by a server)."""
+CLIENT_DOMAIN = "client.cohort.genrm.v1"
 
 RETRY_SAME_CALL = frozenset({grpc.StatusCode.UNAVAILABLE})
 REGENERATE_GROUP = frozenset({grpc.StatusCode.ABORTED})
@@ -155,12 +161,12 @@ class CohortConnectError(CohortError):
     """The client could not connect to ``target`` within its connect deadline.
 
     Raised (code ``UNAVAILABLE``, reason ``CONNECT_FAILED``, metadata ``target``) instead
-    of waiting silently until a call's deadline when nothing answers at the address. For
-    ``ChannelOptions.connect_failure_cache_s`` after a failed attempt, further calls get
-    the same failure at once (``failed_s_ago`` set) instead of waiting again. It is not
-    retried: check the address, start the server, or give
-    ``ChannelOptions.connect_timeout_s=None`` (or a longer one) to wait for a server that
-    is still starting.
+    of waiting silently until a call's deadline when nothing answers at the address. It
+    is not retried, and it is remembered for ``ChannelOptions.connect_failure_ttl_s``:
+    calls in that time raise it at once (``age_s`` then says how long ago the attempt
+    failed; None for the attempt itself). Check the address, start the server, or give
+    ``ChannelOptions.connect_timeout_s=None`` (or a longer one) to wait for a server
+    that is still starting.
     """
 
     def __init__(
@@ -169,21 +175,25 @@ class CohortConnectError(CohortError):
         timeout_s: float,
         cause: str,
         *,
-        failed_s_ago: float | None = None,
+        age_s: float | None = None,
         **kwargs: Any,
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.cause = cause
-        #: Set when this is the remembered failure of an earlier attempt (no new wait).
-        self.failed_s_ago = failed_s_ago
+        self.age_s = age_s
         message = f"cannot connect to {target} within {timeout_s:g} s: {cause}"
-        if failed_s_ago is not None:
-            message += f" (that attempt failed {failed_s_ago:.1f} s ago; not tried again yet)"
+        if age_s is not None:
+            message += f" (remembered: the attempt failed {age_s:.1f} s ago)"
         details = ErrorDetails(
             code=grpc.StatusCode.UNAVAILABLE,
             message=message,
             reason=CONNECT_FAILED,
+            domain=CLIENT_DOMAIN,
             metadata={"target": target},
         )
         super().__init__(details, **kwargs)
+
+    def again(self, age_s: float | None) -> CohortConnectError:
+        """The same failure, raised anew for another call (``age_s`` after it)."""
+        return CohortConnectError(self.target, self.timeout_s, self.cause, age_s=age_s)

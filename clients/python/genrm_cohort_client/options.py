@@ -23,11 +23,11 @@ class ChannelOptions:
     connection: when nothing answers at the address within it, calls raise
     :class:`~genrm_cohort_client.CohortConnectError` instead of waiting until their
     deadline; ``None`` waits as long as the call's deadline allows (for a server that is
-    still starting). After a failed connect, calls within ``connect_failure_cache_s``
-    (5 s; 0 turns it off) get that failure at once instead of each waiting
-    ``connect_timeout_s`` again against a dead address. Once connected,
-    ``wait_for_ready`` makes calls wait for a reconnection (until their deadline) instead
-    of failing at once.
+    still starting). A connect failure is remembered for ``connect_failure_ttl_s``
+    (5 s; 0 = not at all): calls in that time raise the same error at once instead of
+    each waiting ``connect_timeout_s`` again against a dead address (an explicit
+    ``connect(timeout=...)`` always tries anew). Once connected, ``wait_for_ready``
+    makes calls wait for a reconnection instead of failing at once.
     TLS is on when ``tls`` is true or any certificate is given; ``client_cert_chain`` +
     ``client_private_key`` (PEM) enable mutual TLS. ``bearer_token`` is sent as
     ``authorization: Bearer <token>`` metadata on every call (use TLS outside loopback).
@@ -40,7 +40,6 @@ class ChannelOptions:
     keepalive_permit_without_calls: bool = True
     wait_for_ready: bool = True
     connect_timeout_s: float | None = 5.0
-    connect_failure_cache_s: float = 5.0
     initial_reconnect_backoff_ms: int = 1_000
     max_reconnect_backoff_ms: int = 10_000
     tls: bool = False
@@ -49,6 +48,7 @@ class ChannelOptions:
     client_cert_chain: bytes | None = None
     server_name_override: str | None = None
     bearer_token: str | None = None
+    connect_failure_ttl_s: float = 5.0
     user_agent: str = "genrm-cohort-client/0.2"
     extra: tuple[tuple[str, Any], ...] = ()
 
@@ -57,8 +57,8 @@ class ChannelOptions:
             raise ValueError("mutual TLS needs both client_private_key and client_cert_chain")
         if self.connect_timeout_s is not None and not 0 < self.connect_timeout_s < float("inf"):
             raise ValueError("connect_timeout_s must be > 0 and finite (or None to wait)")
-        if not 0 <= self.connect_failure_cache_s < float("inf"):
-            raise ValueError("connect_failure_cache_s must be >= 0 and finite (0: never cache)")
+        if not 0 <= self.connect_failure_ttl_s < float("inf"):
+            raise ValueError("connect_failure_ttl_s must be >= 0 and finite")
         for name in ("max_send_message_bytes", "max_receive_message_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
@@ -109,11 +109,12 @@ def make_channel(target: str, options: ChannelOptions) -> grpc.aio.Channel:
 class RetryPolicy:
     """When and how often the *same* submission is resent (tenacity under the hood).
 
-    * ``UNAVAILABLE`` (transport failure, server draining or restarting) is retried with
-      exponential backoff (``initial_backoff_s`` doubling up to ``max_backoff_s``) plus
-      up to ``jitter_s`` of random jitter, at most ``max_attempts`` calls in all and,
-      when set, no later than ``max_elapsed_s`` after the first call. Resending is safe:
-      an identical member reattaches to its cohort or replays its cached result.
+    * ``UNAVAILABLE`` (transport failure, server draining or restarting, any reason such
+      as ``SHUTTING_DOWN`` or ``SERVER_OVERLOADED``), and ``SERVER_OVERLOADED`` under
+      any code, is retried with exponential backoff (``initial_backoff_s`` doubling up
+      to ``max_backoff_s``) plus up to ``jitter_s`` of random jitter, at most
+      ``max_attempts`` calls in all. Resending is safe: an identical member reattaches
+      to its cohort or replays its cached result.
     * ``CANCELLED`` that the caller did not cause (no ErrorInfo, the client not closed:
       e.g. a server's gRPC core refusing calls beyond its pending-call queue under a
       burst) is retried like UNAVAILABLE. A caller's own cancellation is never resent.
@@ -125,6 +126,18 @@ class RetryPolicy:
     * ``INVALID_ARGUMENT``, ``FAILED_PRECONDITION``, ``ALREADY_EXISTS`` and everything
       else are never retried.
 
+    ``max_elapsed_s`` (900 s; ``None``: no limit) bounds the time a call spends
+    *retrying*: it counts from the call's first retryable failure, covers the backoff
+    sleeps and the wait for a lost server to come back (with
+    ``ChannelOptions.wait_for_ready``), and when it is spent the call raises the last
+    error. The wait of an attempt that reached a server (a member waiting for its
+    cohort) is bounded by the call's ``timeout`` instead.
+
+    A call that retries logs a WARNING (logger ``genrm_cohort_client``) on its first
+    retry and then at most every ``warn_every_s`` (60 s) while it goes on retrying or
+    waiting for the server: which call (method, group id, attempt, slots), why (status
+    code and ErrorInfo reason), how long so far and how long it will go on; a call that
+    gives up logs that too. ``CohortClient.stats`` counts the retries per reason.
     ``on_retry(error, calls_so_far, sleep_s)`` is called before each backoff sleep.
     """
 
@@ -132,8 +145,9 @@ class RetryPolicy:
     initial_backoff_s: float = 0.2
     max_backoff_s: float = 10.0
     jitter_s: float = 0.2
-    max_elapsed_s: float | None = None
+    max_elapsed_s: float | None = 900.0
     retry_deadline_exceeded: bool = False
+    warn_every_s: float = 60.0
     on_retry: Callable[[Exception, int, float], None] | None = None
 
     def __post_init__(self) -> None:
@@ -141,6 +155,10 @@ class RetryPolicy:
             raise ValueError("max_attempts must be >= 1")
         if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.jitter_s < 0:
             raise ValueError("backoff and jitter must be >= 0")
+        if self.max_elapsed_s is not None and not 0 < self.max_elapsed_s < float("inf"):
+            raise ValueError("max_elapsed_s must be > 0 and finite (or None: no limit)")
+        if not 0 < self.warn_every_s < float("inf"):
+            raise ValueError("warn_every_s must be > 0 and finite")
 
 
 def checked_retry(value: object) -> RetryPolicy | None:

@@ -17,6 +17,7 @@ from genrm.cohort.v1 import cohort_pb2 as pb
 
 from genrm_cohort_client.client import CandidateLike, CohortClient, MemberRefLike, PromptLike
 from genrm_cohort_client.options import ChannelOptions, RetryPolicy
+from genrm_cohort_client.stats import ClientStats
 
 __all__ = ["SyncCohortClient"]
 
@@ -67,6 +68,11 @@ class SyncCohortClient:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
+
+    @property
+    def stats(self) -> ClientStats:
+        """The async client's counters (see ``CohortClient.stats``)."""
+        return self.client.stats
 
     def connect(self, timeout: float | None = None) -> None:
         """Wait for the first connection (see ``CohortClient.connect``)."""
