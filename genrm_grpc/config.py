@@ -323,6 +323,10 @@ class Settings(BaseSettings):
     # calls beyond its pending queue with a bare CANCELLED (1,000 by default, 3,000 hard),
     # which a burst of members sent as unary calls reaches at once.
     max_pending_rpcs: Annotated[int, Field(ge=1)] = 65536
+    # CohortService calls in progress (a waiting SubmitMember is one for as long as its
+    # group collects and is judged; a StreamGroups stream is one): past it a new call is
+    # refused with UNAVAILABLE / SERVER_OVERLOADED, which the client resends.
+    max_concurrent_rpcs: Annotated[int, Field(ge=1)] = 65536
     max_group_size: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)] = MAX_GROUP_SIZE
     max_prompt_messages: Annotated[int, Field(ge=1)] = 1024
     max_text_chars: Annotated[int, Field(ge=1)] = 1024 * 1024

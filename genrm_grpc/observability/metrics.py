@@ -148,6 +148,16 @@ class ServerMetrics:
             ["auth"],
             registry=r,
         )
+        self.calls_refused_overloaded = Counter(
+            "genrm_calls_refused_overloaded",
+            "CohortService calls refused with SERVER_OVERLOADED (max_concurrent_rpcs).",
+            registry=r,
+        )
+        self.calls_in_progress = Gauge(
+            "genrm_calls_in_progress",
+            "CohortService calls in progress (counted against max_concurrent_rpcs).",
+            registry=r,
+        )
         # Known label values start at 0 so that dashboards and rate() see every series.
         for outcome in ("completed", "masked", "failed"):
             self.cohorts_finished.labels(outcome)

@@ -31,6 +31,7 @@ from genrm_grpc.runtime.engine import CohortRuntime
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.documented_reflection import enable_documented_reflection
 from genrm_grpc.server.interceptors import UndecodableRequestInterceptor
+from genrm_grpc.server.overload import ConcurrentCallLimit
 from genrm_grpc.server.security import Principals, TokenAuthInterceptor, server_credentials
 from genrm_grpc.server.servicer import CohortServicer
 from genrm_grpc.store.durable import store_from_url
@@ -232,6 +233,12 @@ class CohortServer:
             interceptors.append(
                 TokenAuthInterceptor(settings.auth.tokens(), on_denied=self.metrics.auth_denied)
             )
+        # After auth: an unauthenticated call is refused as such, and never counted.
+        self.call_limit = ConcurrentCallLimit(
+            settings.max_concurrent_rpcs, on_refused=self.metrics.calls_refused_overloaded.inc
+        )
+        self.metrics.calls_in_progress.set_function(lambda: self.call_limit.in_progress)
+        interceptors.append(self.call_limit)
         # Last: the innermost, so a refused caller learns nothing from undecodable bytes.
         interceptors.append(UndecodableRequestInterceptor())
         self.server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
