@@ -74,6 +74,36 @@ class JudgeSettings(BaseModel):
     #: Larger judge response bodies fail that attempt like an unparseable answer.
     max_response_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
 
+    # --- the judge farm (docs/judge-farm.md)
+    #: Several endpoints of the same model (``url`` is the one-endpoint spelling).
+    urls: list[str] | None = None
+    #: ``dns``: re-resolve the host of ``url`` every ``discovery_interval_s``; every
+    #: A/AAAA record is one endpoint (a Kubernetes headless Service).
+    discovery: Literal["static", "dns"] = "static"
+    discovery_interval_s: Seconds = 10.0
+    #: ``HOST:PORT`` of the DNS server to ask (None: the system resolver).
+    discovery_nameserver: str | None = None
+    #: Requests at once per endpoint (None: ``max_connections``).
+    max_in_flight: Annotated[int, Field(ge=1)] | None = None
+    #: Cohort affinity holds while the preferred endpoint stays within this × the mean.
+    affinity_load_factor: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] = 1.25
+    outlier_consecutive_failures: Annotated[int, Field(ge=1)] = 5
+    outlier_base_ejection_s: Seconds = 30.0
+    outlier_max_ejection_s: Seconds = 300.0
+    max_ejection_percent: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 50.0
+    #: How often each endpoint's ``/v1/models`` is checked, and an ejected one probed.
+    probe_interval_s: Seconds = 10.0
+    #: Adaptive hedging (farms of two or more, unless ``judge_hedge_after_s`` is set):
+    #: the hedge point is this quantile of the endpoint's latencies (None = off) ...
+    hedge_quantile: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = 0.99
+    #: ... never below this many seconds ...
+    hedge_floor_s: Seconds = 2.0
+    #: ... once this many latencies are known.
+    hedge_min_samples: Annotated[int, Field(ge=1)] = 32
+    #: Scrape each endpoint's vLLM ``/metrics`` this often (None = off): an endpoint with
+    #: requests waiting in its own queue gets no new request while another has none.
+    scrape_metrics_s: Seconds | None = None
+
     @field_validator("url")
     @classmethod
     def _url_is_http(cls, value: str) -> str:
@@ -81,6 +111,40 @@ class JudgeSettings(BaseModel):
             # Never echo the value: it may carry a password (user-info).
             raise ValueError("must start with http:// or https://")
         return value
+
+    @field_validator("urls")
+    @classmethod
+    def _urls_are_http(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("must name at least one endpoint")
+        for k, url in enumerate(value):
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"entry {k} must start with http:// or https://")
+        if len(set(value)) != len(value):
+            raise ValueError("names an endpoint twice")
+        return value
+
+    @field_validator("discovery_nameserver")
+    @classmethod
+    def _nameserver(cls, value: str | None) -> str | None:
+        return None if value is None else _host_port(value, "judge.discovery_nameserver")
+
+    @model_validator(mode="after")
+    def _one_spelling(self) -> JudgeSettings:
+        if self.urls is not None and "url" in self.model_fields_set:
+            raise ValueError("set judge.url (one endpoint) or judge.urls (several), not both")
+        if self.discovery == "dns" and self.urls is not None:
+            raise ValueError("judge.discovery: dns resolves the host of judge.url; drop judge.urls")
+        return self
+
+    def endpoint_urls(self) -> tuple[str, ...]:
+        """The configured endpoints (before any discovery)."""
+        return tuple(self.urls) if self.urls is not None else (self.url,)
+
+    def in_flight_per_endpoint(self) -> int:
+        return self.max_in_flight if self.max_in_flight is not None else self.max_connections
 
     def api_key(self) -> str | None:
         if not self.api_key_env:

@@ -56,6 +56,7 @@ from typing import Any, Literal, Protocol, Self
 import aiohttp
 import orjson
 
+from genrm_grpc.judge.farm import Endpoint, EndpointState, Farm, HedgePolicy, OutlierPolicy
 from genrm_grpc.judge.redact import Redactor, redact_url, split_userinfo
 from genrm_grpc.observability.hooks import ComparisonOutcome, JudgeObserver, NullJudgeObserver
 from genrm_grpc.scoring.types import Verdict
@@ -80,6 +81,7 @@ _EXCERPT_CHARS = 300
 _RETRYABLE_STATUSES = frozenset({408, 429})
 _OUTAGE_STATUSES = frozenset({502, 503, 504})
 _READ_CHUNK = 64 * 1024
+_MODELS_BYTES = 1024 * 1024
 # Exponent cap for the backoff so that 2**n never overflows a float.
 _MAX_BACKOFF_EXPONENT = 60
 
@@ -111,7 +113,25 @@ class JudgeBlockView(Protocol):
     def max_retry_sleep_s(self) -> float: ...
     @property
     def max_response_bytes(self) -> int: ...
+    @property
+    def affinity_load_factor(self) -> float: ...
+    @property
+    def outlier_consecutive_failures(self) -> int: ...
+    @property
+    def outlier_base_ejection_s(self) -> float: ...
+    @property
+    def outlier_max_ejection_s(self) -> float: ...
+    @property
+    def max_ejection_percent(self) -> float: ...
+    @property
+    def hedge_quantile(self) -> float | None: ...
+    @property
+    def hedge_floor_s(self) -> float: ...
+    @property
+    def hedge_min_samples(self) -> int: ...
     def api_key(self) -> str | None: ...
+    def endpoint_urls(self) -> tuple[str, ...]: ...
+    def in_flight_per_endpoint(self) -> int: ...
 
 
 class JudgeView(Protocol):
@@ -166,6 +186,9 @@ class JudgeInput:
     response_1: str
     response_2: str
     principle: str | None = None
+    #: Requests with the same key prefer one endpoint of a farm (the cohort's prompt
+    #: digest: its passes share the conversation, which that node's prefix cache holds).
+    affinity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +198,8 @@ class TokenUsage:
     input_tokens: int
     output_tokens: int
     reasoning_tokens: int = 0
+    #: Prompt tokens the judge served from its prefix cache (when it reports them).
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -196,6 +221,34 @@ class JudgeFailedError(Exception):
         #: What ended the attempt (``deadline``, ``http_400``, ...), for metrics.
         self.kind = kind
         super().__init__(self.reason)
+
+
+@dataclass(frozen=True)
+class ModelsAnswer:
+    """One endpoint's ``/v1/models``: ``served``, ``not_served``, ``unknown`` (no list:
+    a server without the route) or ``unreachable``."""
+
+    state: Literal["served", "not_served", "unknown", "unreachable"]
+    names: tuple[str, ...]
+    detail: str
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """The start-up model check of every endpoint."""
+
+    model: str
+    answers: tuple[tuple[Endpoint, ModelsAnswer], ...]
+
+    @property
+    def fatal(self) -> bool:
+        """Some endpoint listed its models and none serves the model: nothing would work."""
+        states = {a.state for _, a in self.answers}
+        return "not_served" in states and not states & {"served", "unknown"}
+
+    def summary(self) -> str:
+        parts = [f"{e.display} {a.detail}" for e, a in self.answers]
+        return f"judge.model {self.model!r} is served by no judge endpoint: " + "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -271,6 +324,8 @@ class _AttemptFailed(Exception):
         self.spent_budget = True
         #: Set by the client when this failure ended the comparison.
         self.decision: AttemptsDecision = "judge_failed"
+        #: The endpoint the attempt failed on, when the failure is its (retry elsewhere).
+        self.endpoint: Endpoint | None = None
 
 
 _ANSWER_KINDS = frozenset({"empty_answer", "incomplete", "incomplete_max_output_tokens"})
@@ -302,6 +357,7 @@ class _Tally:
     input_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
+    cached_tokens: int = 0
     budget_exhausted: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
 
@@ -310,11 +366,14 @@ class _Tally:
         self.input_tokens += usage.input_tokens
         self.output_tokens += usage.output_tokens
         self.reasoning_tokens += usage.reasoning_tokens
+        self.cached_tokens += usage.cached_tokens
 
     def usage(self) -> TokenUsage | None:
         if not self.usage_seen:
             return None
-        return TokenUsage(self.input_tokens, self.output_tokens, self.reasoning_tokens)
+        return TokenUsage(
+            self.input_tokens, self.output_tokens, self.reasoning_tokens, self.cached_tokens
+        )
 
 
 class _Backoff:
@@ -345,6 +404,16 @@ class _Reply:
     status: int
     body: bytes
     retry_after: str | None
+    endpoint: Endpoint | None = None
+
+
+@dataclass(frozen=True)
+class _Wire:
+    """Where and how one endpoint is called (user-info turned into a header)."""
+
+    post_url: str
+    base_url: str
+    headers: dict[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -394,28 +463,71 @@ class JudgeClient:
         self._observer: JudgeObserver = observer or NullJudgeObserver()
         self._reachability = reachability or ReachabilityListener()
         self._on_hedge = on_hedge or (lambda: None)
-        url = config.judge.url
-        self._base_url = judge_base_url(url)
-        self._endpoint = judge_endpoint(url, config.judge.api)
-        #: The configured URL as it may be logged: user-info replaced by ``***``.
-        self.display_url = redact_url(url)
-        self._display_endpoint = self.display_url.rstrip("/")
-        self._redact = Redactor(url)
+        judge = config.judge
+        urls = judge.endpoint_urls()
+        #: The configured endpoints as they may be logged: user-info replaced by ``***``.
+        self.display_url = redact_url(urls[0])
+        if len(urls) > 1:
+            self.display_url += f" and {len(urls) - 1} more"
+        self._display_endpoint = redact_url(urls[0]).rstrip("/")
+        self._redact = Redactor(*urls)
+        self._wires: dict[str, _Wire] = {}
+        #: The endpoints, their load and health (``judge/farm.py``).
+        self.farm = Farm(
+            urls,
+            max_in_flight=judge.in_flight_per_endpoint(),
+            display=lambda u: redact_url(u).rstrip("/"),
+            load_factor=judge.affinity_load_factor,
+            outliers=OutlierPolicy(
+                consecutive_failures=judge.outlier_consecutive_failures,
+                base_ejection_s=judge.outlier_base_ejection_s,
+                max_ejection_s=judge.outlier_max_ejection_s,
+                max_ejection_percent=judge.max_ejection_percent,
+            ),
+            hedging=HedgePolicy(
+                fixed_s=config.judge_hedge_after_s,
+                quantile=judge.hedge_quantile,
+                floor_s=judge.hedge_floor_s,
+                min_samples=judge.hedge_min_samples,
+            ),
+            clock=clock,
+        )
         self._sleep = sleep
         self._clock = clock
         self._backoff = _Backoff(
             config.genrm_parse_retry_sleep_s, config.judge.max_retry_sleep_s, random
         )
         headers = {"Content-Type": "application/json"}
-        _, user, password = split_userinfo(url)
-        api_key = config.judge.api_key()
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        elif user is not None:
-            token = base64.b64encode(f"{user}:{password or ''}".encode()).decode("ascii")
-            headers["Authorization"] = f"Basic {token}"
+        self._api_key = config.judge.api_key()
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
         self._headers = headers
         self._session: aiohttp.ClientSession | None = None
+
+    def _wire(self, endpoint: Endpoint) -> _Wire:
+        wire = self._wires.get(endpoint.url)
+        if wire is None:
+            url = endpoint.url
+            headers = None
+            _, user, password = split_userinfo(url)
+            if not self._api_key and user is not None:
+                token = base64.b64encode(f"{user}:{password or ''}".encode()).decode("ascii")
+                headers = {"Authorization": f"Basic {token}"}
+            wire = _Wire(judge_endpoint(url, self._config.judge.api), judge_base_url(url), headers)
+            self._wires[url] = wire
+        return wire
+
+    def _unreachable(self, endpoint: Endpoint | None, detail: str) -> None:
+        """Readiness hears "unreachable" once no endpoint of the farm answers."""
+        if endpoint is not None:
+            endpoint.reachable = False
+        if not any(e.reachable and e.takes_work for e in self.farm.endpoints):
+            self._reachability.judge_unreachable(detail)
+
+    def _reached(self, endpoint: Endpoint | None) -> None:
+        if endpoint is not None:
+            endpoint.reachable = True
+        self._reachability.judge_reachable()
 
     @property
     def config(self) -> JudgeView:
@@ -458,26 +570,92 @@ class JudgeClient:
     # -- readiness probe ------------------------------------------------------------------
 
     async def probe(self, timeout_s: float) -> ProbeResult:
-        """One cheap request (``GET /v1/models``) bounded by ``timeout_s``.
+        """One cheap request (``GET /v1/models``) to every endpoint, bounded by ``timeout_s``.
 
-        Reachable means the judge answered HTTP with anything but 502/503/504 (a 404 from
-        a server without ``/v1/models`` still shows it is up). Never raises.
+        Reachable means some endpoint answered HTTP with anything but 502/503/504 (a 404
+        from a server without ``/v1/models`` still shows it is up). Never raises.
         """
-        url = self._base_url + "/v1/models"
-        try:
-            async with asyncio.timeout(timeout_s):
-                async with self._http().get(url) as response:
-                    status = response.status
-                    await response.content.read(_READ_CHUNK)
-        except TimeoutError:
-            return ProbeResult(False, f"no answer within {timeout_s:g}s")
-        except aiohttp.ClientError as exc:
-            return ProbeResult(False, self._redact(_describe(exc)))
-        except OSError as exc:
-            return ProbeResult(False, self._redact(_describe(exc)))
+        endpoints = [e for e in self.farm.endpoints if e.state is not EndpointState.DRAINING]
+        results = await asyncio.gather(*(self._probe_one(e, timeout_s) for e in endpoints))
+        if len(results) == 1:
+            return results[0]
+        reachable = any(r.reachable for r in results)
+        detail = "; ".join(
+            f"{e.display}: {r.detail}" for e, r in zip(endpoints, results, strict=True)
+        )
+        return ProbeResult(reachable, detail)
+
+    async def _probe_one(self, endpoint: Endpoint, timeout_s: float) -> ProbeResult:
+        status, _ = await self._get(endpoint, "/v1/models", timeout_s)
+        if isinstance(status, str):
+            return ProbeResult(False, status)
         if status in _OUTAGE_STATUSES:
             return ProbeResult(False, f"HTTP {status}")
         return ProbeResult(True, f"HTTP {status}")
+
+    async def _get(
+        self, endpoint: Endpoint, path: str, timeout_s: float, *, limit: int = _READ_CHUNK
+    ) -> tuple[int | str, bytes]:
+        """``GET`` a path of the endpoint: (status, first ``limit`` bytes), or (why, b"")."""
+        wire = self._wire(endpoint)
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._http().get(wire.base_url + path, headers=wire.headers) as r:
+                    return r.status, await r.content.read(limit)
+        except TimeoutError:
+            return f"no answer within {timeout_s:g}s", b""
+        except (aiohttp.ClientError, OSError) as exc:
+            return self._redact(_describe(exc)), b""
+
+    async def models(self, endpoint: Endpoint, timeout_s: float) -> ModelsAnswer:
+        """What ``GET /v1/models`` of one endpoint says about ``judge.model``."""
+        status, raw = await self._get(endpoint, "/v1/models", timeout_s, limit=_MODELS_BYTES)
+        if isinstance(status, str):
+            return ModelsAnswer("unreachable", (), status)
+        if status == 404:
+            return ModelsAnswer("unknown", (), "no /v1/models (HTTP 404)")
+        if status != 200:
+            return ModelsAnswer("unreachable", (), f"/v1/models: HTTP {status}")
+        try:
+            body = _decode_json(raw)
+            names = tuple(str(m["id"]) for m in body["data"] if isinstance(m, dict) and "id" in m)
+        except (ValueError, KeyError, TypeError):
+            return ModelsAnswer("unknown", (), "/v1/models answered no model list")
+        if self._config.judge.model in names:
+            return ModelsAnswer("served", names, "serves the model")
+        return ModelsAnswer("not_served", names, "serves " + (", ".join(names) or "no model"))
+
+    async def check_models(self, timeout_s: float) -> ModelCheck:
+        """Start-up: ask every endpoint; those that answer without the model are out."""
+        endpoints = list(self.farm.endpoints)
+        answers = await asyncio.gather(*(self.models(e, timeout_s) for e in endpoints))
+        for endpoint, answer in zip(endpoints, answers, strict=True):
+            if answer.state == "not_served":
+                self.farm.wrong_model(endpoint, self._not_served(answer))
+        return ModelCheck(self._config.judge.model, tuple(zip(endpoints, answers, strict=True)))
+
+    def _not_served(self, answer: ModelsAnswer) -> str:
+        model = self._config.judge.model
+        return f"does not serve judge.model {model!r} ({answer.detail})"
+
+    async def health(self, endpoint: Endpoint, timeout_s: float) -> str | None:
+        """Readmission probe: None when the endpoint is fit for work, else why not.
+
+        ``GET /health`` first (vLLM answers it from its engine: a hung engine fails it
+        while ``/v1/models`` still answers); 404 there means a server without it. Then
+        ``/v1/models`` must list the model (or not exist).
+        """
+        status, _ = await self._get(endpoint, "/health", timeout_s)
+        if isinstance(status, str):
+            return f"/health: {status}"
+        if status != 404 and not 200 <= status <= 299:
+            return f"/health: HTTP {status}"
+        answer = await self.models(endpoint, timeout_s)
+        if answer.state == "unreachable":
+            return answer.detail
+        if answer.state == "not_served":
+            return self._not_served(answer)
+        return None
 
     # -- comparisons ----------------------------------------------------------------------
 
@@ -493,6 +671,7 @@ class JudgeClient:
         body = _encode(self._payload(sent))
         tally = _Tally()
         max_attempts = cfg.genrm_parse_retries + 1
+        tried: list[Endpoint] = []  # endpoints an attempt failed on: retries go elsewhere
 
         verdict: Verdict | None = None
         started = time.perf_counter()
@@ -502,7 +681,7 @@ class JudgeClient:
             # answers, and this path runs once per judge call (see docs/performance.md).
             while True:
                 try:
-                    verdict = await self._attempt(body, tally)
+                    verdict = await self._attempt(body, tally, inp.affinity, tried)
                     break
                 except _AttemptFailed as failure:
                     decision = after_failed_attempt(
@@ -596,13 +775,15 @@ class JudgeClient:
             body["top_p"] = cfg.judge.top_p
         return body
 
-    async def _attempt(self, body: bytes, tally: _Tally) -> Verdict:
+    async def _attempt(
+        self, body: bytes, tally: _Tally, key: str | None, tried: list[Endpoint]
+    ) -> Verdict:
         """One HTTP attempt: a verdict, or ``_AttemptFailed`` / ``JudgeFailedError``."""
         started = time.perf_counter()
         outcome = "error"  # an unexpected exception (a bug): still counted and timed
         tally.attempts += 1
         try:
-            verdict = await self._attempt_verdict(body, tally)
+            verdict = await self._attempt_verdict(body, tally, key, tried)
             outcome = "ok"
         except _AttemptFailed as failure:
             outcome = failure.kind
@@ -645,14 +826,27 @@ class JudgeClient:
             tally.outage_since = None
         tally.budget_spent += 1
 
-    async def _attempt_verdict(self, body: bytes, tally: _Tally) -> Verdict:
+    async def _attempt_verdict(
+        self, body: bytes, tally: _Tally, key: str | None, tried: list[Endpoint]
+    ) -> Verdict:
         cfg = self._config
         attempt_no = tally.attempts
+        primary = await self.farm.acquire(key, tried)
         try:
             async with asyncio.timeout(cfg.judge_request_timeout_s):
-                reply = await self._send(body, attempt_no)
+                reply = await self._send(body, attempt_no, primary, key, tried)
         except TimeoutError as exc:
-            self._reachability.judge_unreachable("request deadline expired")
+            self.farm.failed(primary, "deadline", "request deadline expired")
+            tried.append(primary)
+            self._unreachable(primary, "request deadline expired")
+            if self.farm.size >= 2:
+                # Another endpoint may answer: the deadline spends the budget and the
+                # retry goes elsewhere. (With one endpoint, Gym's rule: final.)
+                raise _AttemptFailed(
+                    "deadline",
+                    f"attempt {attempt_no}: no complete answer within "
+                    f"judge_request_timeout_s={cfg.judge_request_timeout_s:g}s",
+                ) from None
             if cfg.judge_outage_tolerance_s > 0:
                 now = self._clock()
                 since = tally.outage_since if tally.outage_since is not None else now
@@ -664,12 +858,20 @@ class JudgeClient:
                         outage=True,
                     ) from None
             raise JudgeFailedError(self._deadline_reason(tally), kind="deadline") from exc
+        except _AttemptFailed as failure:
+            if failure.endpoint is not None:
+                tried.append(failure.endpoint)
+            raise
+        finally:
+            self.farm.release(primary)
 
         status = reply.status
+        if 500 <= status <= 599:
+            tried.append(reply.endpoint or primary)
         if status in _OUTAGE_STATUSES:
-            self._reachability.judge_unreachable(f"HTTP {status}")
+            self._unreachable(reply.endpoint, f"HTTP {status}")
         else:
-            self._reachability.judge_reachable()
+            self._reached(reply.endpoint)
         if status in _RETRYABLE_STATUSES or 500 <= status <= 599:
             raise _AttemptFailed(
                 f"http_{status}",
@@ -701,6 +903,10 @@ class JudgeClient:
             answer = self._decode(reply.body, attempt_no)
         if answer.usage is not None:
             tally.add_usage(answer.usage)
+            if reply.endpoint is not None:
+                reply.endpoint.input_tokens += answer.usage.input_tokens
+                reply.endpoint.output_tokens += answer.usage.output_tokens
+                reply.endpoint.cached_tokens += answer.usage.cached_tokens
 
         if answer.state == "budget_exhausted":
             tally.budget_exhausted += 1
@@ -756,20 +962,45 @@ class JudgeClient:
             )
         return _Answer(text, state, verdict, usage)
 
-    async def _send(self, body: bytes, attempt_no: int) -> _Reply:
-        """POST once, hedged after ``hedge_after_s`` when configured."""
-        hedge_after = self._config.judge_hedge_after_s
+    async def _send(
+        self,
+        body: bytes,
+        attempt_no: int,
+        primary: Endpoint,
+        key: str | None,
+        tried: list[Endpoint],
+    ) -> _Reply:
+        """POST once to ``primary``; hedged on another endpoint after its hedge point.
+
+        The hedge point is ``judge_hedge_after_s`` or, in a farm, a high quantile of the
+        endpoint's latencies (``Farm.hedge_after``). A request that the hedge beats
+        counts against its endpoint's health ("slow"): a node that accepts and never
+        answers is ejected after a few of them.
+        """
+        hedge_after = self.farm.hedge_after(primary)
         if hedge_after is None:
-            return await self._post(body, attempt_no)
-        first: asyncio.Future[_Reply] = asyncio.ensure_future(self._post(body, attempt_no))
+            return await self._post(body, attempt_no, primary)
+        first: asyncio.Future[_Reply] = asyncio.ensure_future(self._post(body, attempt_no, primary))
         tasks = [first]
+        extra: Endpoint | None = None
         try:
             done, _ = await asyncio.wait(tasks, timeout=hedge_after)
             if done:
                 return first.result()
+            extra = self.farm.pick(key, [primary, *tried])
+            if extra is None:  # every endpoint is full: no room for a hedge
+                return await first
+            self.farm.take(extra)
+            extra.hedges += 1
             self._on_hedge()
-            logger.debug("judge attempt %d hedged after %gs", attempt_no, hedge_after)
-            tasks.append(asyncio.ensure_future(self._post(body, attempt_no)))
+            logger.debug(
+                "judge attempt %d hedged after %.3gs on %s",
+                attempt_no,
+                hedge_after,
+                extra.display,
+            )
+            second = asyncio.ensure_future(self._post(body, attempt_no, extra))
+            tasks.append(second)
             pending: set[asyncio.Future[_Reply]] = set(tasks)
             failure: BaseException | None = None
             while pending:
@@ -777,6 +1008,12 @@ class JudgeClient:
                 for task in done:
                     error = task.exception()
                     if error is None:
+                        if task is second and extra is not primary and not first.done():
+                            self.farm.failed(
+                                primary,
+                                "slow",
+                                f"no answer within the hedge point {hedge_after:.3g}s",
+                            )
                         return task.result()
                     failure = error
             assert failure is not None
@@ -785,27 +1022,61 @@ class JudgeClient:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if extra is not None:
+                self.farm.release(extra)
 
-    async def _post(self, body: bytes, attempt_no: int) -> _Reply:
-        """One HTTP request; the whole body is read, up to ``max_response_bytes``."""
+    async def _post(self, body: bytes, attempt_no: int, endpoint: Endpoint) -> _Reply:
+        """One HTTP request; the whole body is read, up to ``max_response_bytes``.
+
+        What happened is reported to the farm: a 2xx answer's latency, a 5xx or a
+        transport failure against the endpoint's health.
+        """
+        wire = self._wire(endpoint)
         connects = 0
+        started = time.perf_counter()
         while True:
             try:
-                async with self._http().post(self._endpoint, data=body) as response:
-                    return await self._read(response, attempt_no)
+                async with self._http().post(
+                    wire.post_url, data=body, headers=wire.headers
+                ) as response:
+                    reply = await self._read(response, attempt_no, endpoint)
+                break
             except aiohttp.ClientConnectorError as exc:
                 if connects < self._connect_retries:
                     connects += 1
                     continue
-                self._reachability.judge_unreachable(self._redact(_describe(exc)))
-                raise self._transport_failure(exc, attempt_no, "cannot connect") from None
+                self._transport_failed(endpoint, exc)
+                failure = self._transport_failure(exc, attempt_no, "cannot connect")
+                failure.endpoint = endpoint
+                raise failure from None
             except (aiohttp.ClientError, OSError) as exc:
-                self._reachability.judge_unreachable(self._redact(_describe(exc)))
-                raise self._transport_failure(
+                self._transport_failed(endpoint, exc)
+                failure = self._transport_failure(
                     exc, attempt_no, "connection lost before the answer was complete"
-                ) from None
+                )
+                failure.endpoint = endpoint
+                raise failure from None
+            except _AttemptFailed as failure:  # oversized: the node answered
+                self.farm.answered(endpoint)
+                failure.endpoint = endpoint
+                raise
+        status = reply.status
+        if 200 <= status <= 299:
+            self.farm.succeeded(endpoint, time.perf_counter() - started)
+        elif 500 <= status <= 599:
+            self.farm.failed(endpoint, "http_5xx", f"HTTP {status}")
+        elif status not in _RETRYABLE_STATUSES:
+            self.farm.answered(endpoint)
+        return reply
 
-    async def _read(self, response: aiohttp.ClientResponse, attempt_no: int) -> _Reply:
+    def _transport_failed(self, endpoint: Endpoint, exc: BaseException) -> None:
+        detail = self._redact(_describe(exc))
+        self.farm.failed(endpoint, "transport", _failure_class(exc))
+        self._unreachable(endpoint, detail)
+
+    async def _read(
+        self, response: aiohttp.ClientResponse, attempt_no: int, endpoint: Endpoint
+    ) -> _Reply:
         cap = self._config.judge.max_response_bytes
         declared = response.content_length
         if declared is not None:
@@ -814,7 +1085,7 @@ class JudgeClient:
                 raise self._oversized(attempt_no, declared)
             # The body is exactly Content-Length bytes: one read, no chunk loop.
             body = await response.read()
-            return _Reply(response.status, body, response.headers.get("Retry-After"))
+            return _Reply(response.status, body, response.headers.get("Retry-After"), endpoint)
         chunks: list[bytes] = []
         size = 0
         async for chunk in response.content.iter_chunked(_READ_CHUNK):
@@ -823,7 +1094,9 @@ class JudgeClient:
                 response.close()
                 raise self._oversized(attempt_no, size)
             chunks.append(chunk)
-        return _Reply(response.status, b"".join(chunks), response.headers.get("Retry-After"))
+        return _Reply(
+            response.status, b"".join(chunks), response.headers.get("Retry-After"), endpoint
+        )
 
     def _oversized(self, attempt_no: int, size: int) -> _AttemptFailed:
         return _AttemptFailed(
@@ -974,16 +1247,18 @@ def _read_usage(body: dict[str, Any], api: JudgeApi) -> TokenUsage | None:
     if not isinstance(usage, dict):
         return None
     if api == "responses":
-        input_key, output_key, details_key = (
+        input_key, output_key, details_key, cached_key = (
             "input_tokens",
             "output_tokens",
             "output_tokens_details",
+            "input_tokens_details",
         )
     else:
-        input_key, output_key, details_key = (
+        input_key, output_key, details_key, cached_key = (
             "prompt_tokens",
             "completion_tokens",
             "completion_tokens_details",
+            "prompt_tokens_details",
         )
     input_tokens = _count(usage.get(input_key))
     output_tokens = _count(usage.get(output_key))
@@ -991,7 +1266,11 @@ def _read_usage(body: dict[str, Any], api: JudgeApi) -> TokenUsage | None:
         return None
     details = usage.get(details_key)
     reasoning = _count(details.get("reasoning_tokens")) if isinstance(details, dict) else None
-    return TokenUsage(input_tokens or 0, output_tokens or 0, reasoning or 0)
+    prompt_details = usage.get(cached_key)
+    cached = (
+        _count(prompt_details.get("cached_tokens")) if isinstance(prompt_details, dict) else None
+    )
+    return TokenUsage(input_tokens or 0, output_tokens or 0, reasoning or 0, cached or 0)
 
 
 #: Token counts from 2**64 on are not counts a judge can report; orjson also reads such

@@ -786,7 +786,7 @@ class CohortRuntime:
         principle = None
         if self.config.use_principle:
             principle = prompt.principle or self.config.default_principle or None
-        return JudgeInput(prompt.messages, first, second, principle)
+        return JudgeInput(prompt.messages, first, second, principle, affinity=cohort.prompt_digest)
 
     async def _judge_pair(self, live: _Live, job: Pass, inp: JudgeInput) -> _PairResult:
         cohort = live.cohort

@@ -491,11 +491,14 @@ async def test_usage_is_summed_over_every_attempt_of_a_comparison() -> None:
     assert single.usage is not None
     assert single.usage.input_tokens > 0
     assert single.usage.reasoning_tokens > 0
+    # Cached prompt tokens differ: the fake judge's prefix cache is warm by then.
     assert triple.usage == TokenUsage(
         3 * single.usage.input_tokens,
         3 * single.usage.output_tokens,
         3 * single.usage.reasoning_tokens,
+        triple.usage.cached_tokens,
     )
+    assert triple.usage.cached_tokens > 0
 
 
 @pytest.mark.parametrize("api", ["responses", "chat_completions"])

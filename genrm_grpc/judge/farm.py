@@ -1,0 +1,425 @@
+"""The judge farm: which endpoint takes the next judge request, and which are sick.
+
+Sans-IO: the farm holds the endpoints' state and decides; the judge client
+(``judge/client.py``) sends the requests and reports what happened; the prober in the
+client runs the probes this module asks for. Every decision is a function of the state
+and an injectable clock, so tests drive it without sleeping.
+
+Routing (``pick``): among the endpoints that may take work (healthy, not avoided, below
+their ``max_in_flight``, and, when their vLLM metrics are scraped, without requests
+waiting in their own queue while another has none), a request with an affinity key
+(the cohort's prompt digest) goes to the first endpoint on a consistent-hash ring from
+that key whose in-flight count stays within ``load_factor`` × the mean; when the
+preferred endpoint is over that bound, to the least loaded one. So one cohort's passes
+stay on one node (whose prefix cache then holds the shared conversation) unless that
+node is busier than its share, and no node runs far above the mean.
+
+Passive outlier detection, in the manner of Envoy's: ``consecutive_failures`` failures
+in a row on one endpoint (connect errors, HTTP 5xx, request timeouts, requests that a
+hedge on another endpoint beat) eject it for ``base_ejection_s`` × its number of
+ejections, at most ``max_ejection_s``, never more than ``max_ejection_percent`` of the
+farm at once (at least one endpoint of a farm of two or more may always be ejected; a
+farm of one is never ejected). An ejected endpoint is readmitted by an active probe once
+its ejection time has passed. An endpoint whose ``/v1/models`` does not list the model
+is out until it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import enum
+import hashlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+VNODES = 64
+"""Points per endpoint on the hash ring: enough that keys spread evenly over a few nodes."""
+
+LATENCY_SAMPLES = 256
+"""Recent successful request latencies kept per endpoint (and farm-wide) for hedging."""
+
+
+class EndpointState(enum.StrEnum):
+    HEALTHY = "healthy"
+    EJECTED = "ejected"
+    WRONG_MODEL = "wrong_model"
+    #: Gone from discovery: takes no new work, finishes what it holds, then leaves.
+    DRAINING = "draining"
+
+
+#: What a finished request tells outlier detection.
+FAILURE_KINDS = frozenset({"transport", "http_5xx", "deadline", "slow"})
+
+
+@dataclass(frozen=True)
+class OutlierPolicy:
+    consecutive_failures: int = 5
+    base_ejection_s: float = 30.0
+    max_ejection_s: float = 300.0
+    max_ejection_percent: float = 50.0
+
+
+@dataclass(frozen=True)
+class HedgePolicy:
+    """Hedge point per endpoint: ``max(floor_s, quantile of its latencies)``.
+
+    ``fixed_s`` (``judge_hedge_after_s``) overrides the adaptive point; ``quantile``
+    None turns adaptive hedging off. Adaptive hedging needs ``min_samples`` latencies of
+    the endpoint (or, before it has them, of the whole farm) and a farm of two or more.
+    """
+
+    fixed_s: float | None = None
+    quantile: float | None = 0.99
+    floor_s: float = 2.0
+    min_samples: int = 32
+
+
+@dataclass(eq=False)
+class Endpoint:
+    """One judge endpoint and what the farm knows about it."""
+
+    url: str
+    """As configured (may carry user-info: never log it; use ``display``)."""
+    display: str
+    max_in_flight: int
+    points: tuple[int, ...] = ()
+    in_flight: int = 0
+    state: EndpointState = EndpointState.HEALTHY
+    #: Its last request got an HTTP answer (other than 502/503/504).
+    reachable: bool = True
+    consecutive_failures: int = 0
+    ejections: int = 0
+    ejected_until: float = 0.0
+    detail: str = ""
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
+    _hedge_cache: tuple[int, float | None] = (-1, None)
+    #: From the endpoint's own ``/metrics`` (None: not scraped, or not answered).
+    queue_waiting: int | None = None
+    queue_running: int | None = None
+    kv_usage: float | None = None
+    # Counters (read by the metrics collector at scrape time).
+    requests: int = 0
+    failures: int = 0
+    hedges: int = 0
+    ejections_total: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    seen: int = 0
+    """Requests taken (for the balance tests and the ``judges`` view)."""
+
+    @property
+    def takes_work(self) -> bool:
+        return self.state is EndpointState.HEALTHY
+
+
+def _point(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def quantile(values: Iterable[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    rank = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[rank]
+
+
+EventCallback = Callable[[str, Endpoint], None]
+
+
+class Farm:
+    """The endpoints, the ring and the outlier state; see the module docstring."""
+
+    def __init__(
+        self,
+        urls: Iterable[str],
+        *,
+        max_in_flight: int,
+        display: Callable[[str], str],
+        load_factor: float = 1.25,
+        outliers: OutlierPolicy | None = None,
+        hedging: HedgePolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_event: EventCallback | None = None,
+    ) -> None:
+        self.max_in_flight = max_in_flight
+        self.load_factor = load_factor
+        self.outliers = outliers or OutlierPolicy()
+        self.hedging = hedging or HedgePolicy()
+        self._display = display
+        self._clock = clock
+        self._on_event = on_event or (lambda _event, _endpoint: None)
+        self.endpoints: list[Endpoint] = []
+        self._ring: list[tuple[int, Endpoint]] = []
+        self._ring_keys: list[int] = []
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+        self._farm_hedge_cache: tuple[int, float | None] = (-1, None)
+        self._latency_count = 0
+        self.set_urls(urls)
+        if not self.endpoints:
+            raise ValueError("a judge farm needs at least one endpoint")
+
+    # ------------------------------------------------------------------ membership
+    def set_urls(self, urls: Iterable[str]) -> None:
+        """The endpoint set (discovery): new URLs join, vanished ones drain and leave."""
+        wanted = list(dict.fromkeys(urls))
+        known = {e.url: e for e in self.endpoints}
+        for url in wanted:
+            endpoint = known.get(url)
+            if endpoint is None:
+                endpoint = Endpoint(url, self._display(url), self.max_in_flight)
+                endpoint.points = tuple(_point(f"{url}#{i}") for i in range(VNODES))
+                self.endpoints.append(endpoint)
+                self._on_event("joined", endpoint)
+            elif endpoint.state is EndpointState.DRAINING:
+                endpoint.state = EndpointState.HEALTHY
+                self._on_event("joined", endpoint)
+        for endpoint in self.endpoints:
+            if endpoint.url not in wanted and endpoint.state is not EndpointState.DRAINING:
+                endpoint.state = EndpointState.DRAINING
+                self._on_event("draining", endpoint)
+        self._prune()
+        self._rebuild_ring()
+        self._wake()
+
+    def _prune(self) -> None:
+        self.endpoints = [
+            e for e in self.endpoints if e.state is not EndpointState.DRAINING or e.in_flight
+        ]
+
+    def _rebuild_ring(self) -> None:
+        ring = sorted(
+            (p, e)
+            for e in self.endpoints
+            if e.state is not EndpointState.DRAINING
+            for p in e.points
+        )
+        self._ring = ring
+        self._ring_keys = [p for p, _ in ring]
+
+    @property
+    def size(self) -> int:
+        return sum(1 for e in self.endpoints if e.state is not EndpointState.DRAINING)
+
+    def healthy(self) -> list[Endpoint]:
+        return [e for e in self.endpoints if e.takes_work]
+
+    # ------------------------------------------------------------------ routing
+    def pick(self, key: str | None, avoid: Collection[Endpoint] = ()) -> Endpoint | None:
+        """The endpoint for the next request, or None when every candidate is full."""
+        candidates = [e for e in self.endpoints if e.takes_work and e not in avoid]
+        if not candidates:
+            candidates = self.healthy()  # every healthy one was avoided: reuse them
+        if not candidates:
+            # Panic: no healthy endpoint (all ejected or misconfigured). Sending beats
+            # holding every pass until a probe readmits one.
+            candidates = [e for e in self.endpoints if e.state is not EndpointState.DRAINING]
+        room = [e for e in candidates if e.in_flight < e.max_in_flight]
+        if not room:
+            return None
+        unqueued = [e for e in room if not e.queue_waiting]
+        if unqueued:
+            room = unqueued
+        if len(room) == 1:
+            return room[0]
+        total = sum(e.in_flight for e in room)
+        bound = math.ceil(self.load_factor * (total + 1) / len(room))
+        allowed = set(room)
+        if key is not None and self._ring:
+            start = bisect.bisect_left(self._ring_keys, _point(key))
+            n = len(self._ring)
+            seen: set[int] = set()
+            for k in range(n):
+                endpoint = self._ring[(start + k) % n][1]
+                if id(endpoint) in seen:
+                    continue
+                seen.add(id(endpoint))
+                if endpoint in allowed:
+                    if endpoint.in_flight + 1 <= bound:
+                        return endpoint
+                    break  # the preferred node is over its share: least loaded instead
+                if len(seen) == len(self.endpoints):
+                    break
+        return min(room, key=lambda e: e.in_flight)
+
+    def take(self, endpoint: Endpoint) -> None:
+        endpoint.in_flight += 1
+        endpoint.requests += 1
+        endpoint.seen += 1
+
+    async def acquire(self, key: str | None, avoid: Collection[Endpoint] = ()) -> Endpoint:
+        """Pick an endpoint and count the request on it, waiting while all are full."""
+        while True:
+            endpoint = self.pick(key, avoid)
+            if endpoint is not None:
+                self.take(endpoint)
+                return endpoint
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+
+    def release(self, endpoint: Endpoint) -> None:
+        endpoint.in_flight -= 1
+        if endpoint.state is EndpointState.DRAINING and not endpoint.in_flight:
+            self._prune()
+            self._on_event("left", endpoint)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # ------------------------------------------------------------------ outcomes
+    def succeeded(self, endpoint: Endpoint, seconds: float) -> None:
+        endpoint.consecutive_failures = 0
+        endpoint.latencies.append(seconds)
+        self.latencies.append(seconds)
+        self._latency_count += 1
+
+    def answered(self, endpoint: Endpoint) -> None:
+        """An HTTP answer that is not the endpoint's fault (4xx, an unusable verdict)."""
+        endpoint.consecutive_failures = 0
+
+    def failed(self, endpoint: Endpoint, kind: str, detail: str) -> None:
+        """A request failed in a way that counts against the endpoint (FAILURE_KINDS)."""
+        endpoint.failures += 1
+        endpoint.consecutive_failures += 1
+        endpoint.detail = detail
+        if (
+            endpoint.state is EndpointState.HEALTHY
+            and endpoint.consecutive_failures >= self.outliers.consecutive_failures
+            and self._may_eject()
+        ):
+            self._eject(
+                endpoint,
+                f"{endpoint.consecutive_failures} consecutive failures (last: {kind}: {detail})",
+            )
+
+    def _may_eject(self) -> bool:
+        size = self.size
+        if size < 2:
+            return False
+        out = sum(1 for e in self.endpoints if e.state is EndpointState.EJECTED)
+        allowed = max(1, math.floor(size * self.outliers.max_ejection_percent / 100))
+        return out < allowed
+
+    def _eject(self, endpoint: Endpoint, why: str) -> None:
+        endpoint.ejections += 1
+        endpoint.ejections_total += 1
+        seconds = min(
+            self.outliers.max_ejection_s, self.outliers.base_ejection_s * endpoint.ejections
+        )
+        endpoint.ejected_until = self._clock() + seconds
+        endpoint.state = EndpointState.EJECTED
+        endpoint.consecutive_failures = 0
+        endpoint.detail = why
+        log.warning(
+            "judge endpoint %s ejected for %gs: %s",
+            endpoint.display,
+            seconds,
+            why,
+            extra={"judge_url": endpoint.display, "judge_event": "ejected"},
+        )
+        self._on_event("ejected", endpoint)
+
+    def wrong_model(self, endpoint: Endpoint, detail: str) -> None:
+        """The endpoint answers but does not serve the model: out until it does."""
+        if endpoint.state in (EndpointState.WRONG_MODEL, EndpointState.DRAINING):
+            endpoint.detail = detail
+            return
+        endpoint.state = EndpointState.WRONG_MODEL
+        endpoint.detail = detail
+        endpoint.ejections_total += 1
+        log.warning(
+            "judge endpoint %s taken out: %s",
+            endpoint.display,
+            detail,
+            extra={"judge_url": endpoint.display, "judge_event": "wrong_model"},
+        )
+        self._on_event("wrong_model", endpoint)
+
+    def readmit(self, endpoint: Endpoint, detail: str) -> None:
+        if endpoint.state not in (EndpointState.EJECTED, EndpointState.WRONG_MODEL):
+            return
+        endpoint.state = EndpointState.HEALTHY
+        endpoint.consecutive_failures = 0
+        endpoint.detail = detail
+        log.info(
+            "judge endpoint %s readmitted: %s",
+            endpoint.display,
+            detail,
+            extra={"judge_url": endpoint.display, "judge_event": "readmitted"},
+        )
+        self._on_event("readmitted", endpoint)
+        self._wake_all()
+
+    def due_for_readmission_probe(self) -> list[Endpoint]:
+        now = self._clock()
+        return [
+            e for e in self.endpoints if e.state is EndpointState.EJECTED and e.ejected_until <= now
+        ]
+
+    # ------------------------------------------------------------------ hedging
+    def hedge_after(self, endpoint: Endpoint) -> float | None:
+        """Seconds after which a request on ``endpoint`` gets a hedge (None: never)."""
+        policy = self.hedging
+        if policy.fixed_s is not None:
+            return policy.fixed_s
+        if policy.quantile is None or self.size < 2:
+            return None
+        if len(endpoint.latencies) >= policy.min_samples:
+            return self._cached(endpoint.latencies, endpoint, policy.quantile, policy.floor_s)
+        if len(self.latencies) >= policy.min_samples:
+            return self._cached(self.latencies, None, policy.quantile, policy.floor_s)
+        return None
+
+    def _cached(
+        self, samples: deque[float], endpoint: Endpoint | None, q: float, floor: float
+    ) -> float:
+        # The quantile is recomputed every 16 new samples, not per request (a sort).
+        stamp = self._latency_count // 16
+        cache = endpoint._hedge_cache if endpoint is not None else self._farm_hedge_cache
+        if cache[0] == stamp and cache[1] is not None:
+            return cache[1]
+        value = max(floor, quantile(samples, q))
+        if endpoint is not None:
+            endpoint._hedge_cache = (stamp, value)
+        else:
+            self._farm_hedge_cache = (stamp, value)
+        return value
+
+
+__all__ = [
+    "FAILURE_KINDS",
+    "Endpoint",
+    "EndpointState",
+    "Farm",
+    "HedgePolicy",
+    "OutlierPolicy",
+    "quantile",
+]
