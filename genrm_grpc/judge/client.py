@@ -586,14 +586,14 @@ class JudgeClient:
         return ProbeResult(reachable, detail)
 
     async def _probe_one(self, endpoint: Endpoint, timeout_s: float) -> ProbeResult:
-        status, _ = await self._get(endpoint, "/v1/models", timeout_s)
+        status, _ = await self.get(endpoint, "/v1/models", timeout_s)
         if isinstance(status, str):
             return ProbeResult(False, status)
         if status in _OUTAGE_STATUSES:
             return ProbeResult(False, f"HTTP {status}")
         return ProbeResult(True, f"HTTP {status}")
 
-    async def _get(
+    async def get(
         self, endpoint: Endpoint, path: str, timeout_s: float, *, limit: int = _READ_CHUNK
     ) -> tuple[int | str, bytes]:
         """``GET`` a path of the endpoint: (status, first ``limit`` bytes), or (why, b"")."""
@@ -601,7 +601,14 @@ class JudgeClient:
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._http().get(wire.base_url + path, headers=wire.headers) as r:
-                    return r.status, await r.content.read(limit)
+                    chunks: list[bytes] = []
+                    size = 0
+                    async for chunk in r.content.iter_chunked(_READ_CHUNK):
+                        chunks.append(chunk)
+                        size += len(chunk)
+                        if size >= limit:
+                            break
+                    return r.status, b"".join(chunks)[:limit]
         except TimeoutError:
             return f"no answer within {timeout_s:g}s", b""
         except (aiohttp.ClientError, OSError) as exc:
@@ -609,7 +616,7 @@ class JudgeClient:
 
     async def models(self, endpoint: Endpoint, timeout_s: float) -> ModelsAnswer:
         """What ``GET /v1/models`` of one endpoint says about ``judge.model``."""
-        status, raw = await self._get(endpoint, "/v1/models", timeout_s, limit=_MODELS_BYTES)
+        status, raw = await self.get(endpoint, "/v1/models", timeout_s, limit=_MODELS_BYTES)
         if isinstance(status, str):
             return ModelsAnswer("unreachable", (), status)
         if status == 404:
@@ -631,10 +638,10 @@ class JudgeClient:
         answers = await asyncio.gather(*(self.models(e, timeout_s) for e in endpoints))
         for endpoint, answer in zip(endpoints, answers, strict=True):
             if answer.state == "not_served":
-                self.farm.wrong_model(endpoint, self._not_served(answer))
+                self.farm.wrong_model(endpoint, self.not_served(answer))
         return ModelCheck(self._config.judge.model, tuple(zip(endpoints, answers, strict=True)))
 
-    def _not_served(self, answer: ModelsAnswer) -> str:
+    def not_served(self, answer: ModelsAnswer) -> str:
         model = self._config.judge.model
         return f"does not serve judge.model {model!r} ({answer.detail})"
 
@@ -645,7 +652,7 @@ class JudgeClient:
         while ``/v1/models`` still answers); 404 there means a server without it. Then
         ``/v1/models`` must list the model (or not exist).
         """
-        status, _ = await self._get(endpoint, "/health", timeout_s)
+        status, _ = await self.get(endpoint, "/health", timeout_s)
         if isinstance(status, str):
             return f"/health: {status}"
         if status != 404 and not 200 <= status <= 299:
@@ -654,7 +661,7 @@ class JudgeClient:
         if answer.state == "unreachable":
             return answer.detail
         if answer.state == "not_served":
-            return self._not_served(answer)
+            return self.not_served(answer)
         return None
 
     # -- comparisons ----------------------------------------------------------------------

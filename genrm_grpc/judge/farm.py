@@ -9,10 +9,11 @@ Routing (``pick``): among the endpoints that may take work (healthy, not avoided
 their ``max_in_flight``, and, when their vLLM metrics are scraped, without requests
 waiting in their own queue while another has none), a request with an affinity key
 (the cohort's prompt digest) goes to the first endpoint on a consistent-hash ring from
-that key whose in-flight count stays within ``load_factor`` × the mean; when the
-preferred endpoint is over that bound, to the least loaded one. So one cohort's passes
-stay on one node (whose prefix cache then holds the shared conversation) unless that
-node is busier than its share, and no node runs far above the mean.
+that key whose in-flight count stays within ``load_factor`` × the mean (consistent
+hashing with bounded loads): when the preferred endpoint is over that bound, the next
+one on the ring, the same for every pass of the cohort. So one cohort's passes stay on
+one node (whose prefix cache then holds the shared conversation) unless that node is
+busier than its share, and no node runs above ``load_factor`` × the mean.
 
 Passive outlier detection, in the manner of Envoy's: ``consecutive_failures`` failures
 in a row on one endpoint (connect errors, HTTP 5xx, request timeouts, requests that a
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 
 VNODES = 64
 """Points per endpoint on the hash ring: enough that keys spread evenly over a few nodes."""
+
+#: Upper bounds (seconds) of the per-endpoint latency histogram (the metrics' buckets).
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 LATENCY_SAMPLES = 256
 """Recent successful request latencies kept per endpoint (and farm-wide) for hedging."""
@@ -113,8 +117,8 @@ class Endpoint:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
-    seen: int = 0
-    """Requests taken (for the balance tests and the ``judges`` view)."""
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    latency_sum: float = 0.0
 
     @property
     def takes_work(self) -> bool:
@@ -165,6 +169,9 @@ class Farm:
         self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._farm_hedge_cache: tuple[int, float | None] = (-1, None)
         self._latency_count = 0
+        #: Keyed requests that went to their preferred endpoint, or past it (load bound).
+        self.affinity_kept = 0
+        self.affinity_spilled = 0
         self.set_urls(urls)
         if not self.endpoints:
             raise ValueError("a judge farm needs at least one endpoint")
@@ -239,23 +246,30 @@ class Farm:
             start = bisect.bisect_left(self._ring_keys, _point(key))
             n = len(self._ring)
             seen: set[int] = set()
+            preferred: Endpoint | None = None
             for k in range(n):
                 endpoint = self._ring[(start + k) % n][1]
                 if id(endpoint) in seen:
                     continue
                 seen.add(id(endpoint))
                 if endpoint in allowed:
+                    preferred = preferred or endpoint
+                    # The first node from the key within the bound: a cohort whose
+                    # preferred node is over its share spills to the same next node.
                     if endpoint.in_flight + 1 <= bound:
+                        if endpoint is preferred:
+                            self.affinity_kept += 1
+                        else:
+                            self.affinity_spilled += 1
                         return endpoint
-                    break  # the preferred node is over its share: least loaded instead
                 if len(seen) == len(self.endpoints):
                     break
+            self.affinity_spilled += 1
         return min(room, key=lambda e: e.in_flight)
 
     def take(self, endpoint: Endpoint) -> None:
         endpoint.in_flight += 1
         endpoint.requests += 1
-        endpoint.seen += 1
 
     async def acquire(self, key: str | None, avoid: Collection[Endpoint] = ()) -> Endpoint:
         """Pick an endpoint and count the request on it, waiting while all are full."""
@@ -298,6 +312,8 @@ class Farm:
     def succeeded(self, endpoint: Endpoint, seconds: float) -> None:
         endpoint.consecutive_failures = 0
         endpoint.latencies.append(seconds)
+        endpoint.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        endpoint.latency_sum += seconds
         self.latencies.append(seconds)
         self._latency_count += 1
 

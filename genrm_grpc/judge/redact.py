@@ -38,21 +38,12 @@ def redact_url(url: str) -> str:
 
 
 class Redactor:
-    """Replaces the user-info and password of one URL (raw and decoded) in any text."""
+    """Replaces the user-info and password of URLs (raw and decoded) in any text."""
 
-    def __init__(self, url: str) -> None:
-        netloc = urllib.parse.urlsplit(url).netloc
+    def __init__(self, *urls: str) -> None:
         secrets: set[str] = set()
-        if "@" in netloc:
-            userinfo = netloc.rpartition("@")[0]
-            password = userinfo.partition(":")[2]
-            # The user name alone is not a secret (and may be a common word).
-            for raw in (userinfo, password):
-                for form in (raw, urllib.parse.unquote(raw)):
-                    # Very short fragments would redact innocent text; a one- or
-                    # two-character secret is not worth protecting that way.
-                    if len(form) >= 3:
-                        secrets.add(form)
+        for url in urls:
+            secrets |= _secrets_of(url)
         # Longest first, so the whole user-info goes before its parts.
         self._secrets = sorted(secrets, key=len, reverse=True)
 
@@ -61,3 +52,19 @@ class Redactor:
             if secret in text:
                 text = text.replace(secret, REDACTED)
         return text
+
+
+def _secrets_of(url: str) -> set[str]:
+    netloc = urllib.parse.urlsplit(url).netloc
+    secrets: set[str] = set()
+    if "@" in netloc:
+        userinfo = netloc.rpartition("@")[0]
+        password = userinfo.partition(":")[2]
+        # The user name alone is not a secret (and may be a common word).
+        for raw in (userinfo, password):
+            for form in (raw, urllib.parse.unquote(raw)):
+                # Very short fragments would redact innocent text; a one- or
+                # two-character secret is not worth protecting that way.
+                if len(form) >= 3:
+                    secrets.add(form)
+    return secrets

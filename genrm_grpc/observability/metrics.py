@@ -17,7 +17,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -25,6 +30,7 @@ from genrm_grpc.cohort.model import CohortKey, Phase, Reason
 from genrm_grpc.observability.hooks import CohortOutcome, ComparisonOutcome
 
 if TYPE_CHECKING:
+    from genrm_grpc.judge.farm import Farm
     from genrm_grpc.runtime.engine import CohortRuntime
 
 log = logging.getLogger(__name__)
@@ -112,7 +118,8 @@ class ServerMetrics:
         self.judge_hedges = Counter(
             "genrm_judge_hedges",
             "Judge requests hedged: a second, identical request sent because the first was "
-            "unanswered after judge_hedge_after_s (the first answer wins).",
+            "unanswered after its hedge point (judge_hedge_after_s, or in a farm the "
+            "endpoint's latency quantile; the first answer wins).",
             registry=r,
         )
         self.judge_ready = Gauge(
@@ -190,6 +197,10 @@ class ServerMetrics:
         """Gauges read from the runtime, the registry and the store at scrape time."""
         self.registry.register(_StateCollector(runtime))
 
+    def attach_farm(self, farm: Farm) -> None:
+        """Per judge endpoint: load, state, latency, tokens (read at scrape time)."""
+        self.registry.register(_FarmCollector(farm))
+
     # ----------------------------------------------------------------- hooks
     # Every hook runs on the hot path (several per member, several per judge call):
     # ``Counter.labels(value)`` takes a lock and builds a key tuple each time, so the
@@ -250,6 +261,111 @@ def _child(cache: dict[str, _Labelled], parent: _Labelled, value: str) -> _Label
     if child is None:
         child = cache[value] = parent.labels(value)
     return child
+
+
+class _FarmCollector(Collector):
+    """The judge farm, one series per endpoint (label ``endpoint``: its redacted URL)."""
+
+    def __init__(self, farm: Farm) -> None:
+        self._farm = farm
+
+    def collect(self) -> Iterable[Metric]:
+        from genrm_grpc.judge.farm import LATENCY_BUCKETS, EndpointState
+
+        endpoints = list(self._farm.endpoints)
+        label = ["endpoint"]
+        in_flight = GaugeMetricFamily(
+            "genrm_judge_endpoint_in_flight", "Judge requests in flight per endpoint.", labels=label
+        )
+        state = GaugeMetricFamily(
+            "genrm_judge_endpoint_state",
+            "1 for the endpoint's current state (healthy, ejected, wrong_model, draining).",
+            labels=["endpoint", "state"],
+        )
+        hedge = GaugeMetricFamily(
+            "genrm_judge_endpoint_hedge_after_seconds",
+            "Current hedge point of the endpoint (absent: no hedging).",
+            labels=label,
+        )
+        waiting = GaugeMetricFamily(
+            "genrm_judge_endpoint_queue_waiting",
+            "vllm:num_requests_waiting as last scraped (judge.scrape_metrics_s).",
+            labels=label,
+        )
+        requests = CounterMetricFamily(
+            "genrm_judge_endpoint_requests", "Judge requests sent per endpoint.", labels=label
+        )
+        failures = CounterMetricFamily(
+            "genrm_judge_endpoint_failures",
+            "Requests that counted against the endpoint (transport, 5xx, deadline, beaten by "
+            "a hedge).",
+            labels=label,
+        )
+        hedges = CounterMetricFamily(
+            "genrm_judge_endpoint_hedges", "Hedged requests sent to the endpoint.", labels=label
+        )
+        ejections = CounterMetricFamily(
+            "genrm_judge_endpoint_ejections",
+            "Times the endpoint was taken out (outlier ejection or wrong model).",
+            labels=label,
+        )
+        tokens = CounterMetricFamily(
+            "genrm_judge_endpoint_tokens",
+            "Judge tokens per endpoint: input, output, cached (input tokens the judge served "
+            "from its prefix cache).",
+            labels=["endpoint", "kind"],
+        )
+        latency = HistogramMetricFamily(
+            "genrm_judge_endpoint_request_seconds",
+            "Latency of the endpoint's answered (2xx) requests.",
+            labels=label,
+        )
+        for e in endpoints:
+            name = [e.display]
+            in_flight.add_metric(name, e.in_flight)
+            for s in EndpointState:
+                state.add_metric([e.display, s.value], int(e.state is s))
+            point = self._farm.hedge_after(e)
+            if point is not None:
+                hedge.add_metric(name, point)
+            if e.queue_waiting is not None:
+                waiting.add_metric(name, e.queue_waiting)
+            requests.add_metric(name, e.requests)
+            failures.add_metric(name, e.failures)
+            hedges.add_metric(name, e.hedges)
+            ejections.add_metric(name, e.ejections_total)
+            tokens.add_metric([e.display, "input"], e.input_tokens)
+            tokens.add_metric([e.display, "output"], e.output_tokens)
+            tokens.add_metric([e.display, "cached"], e.cached_tokens)
+            cumulative = 0
+            buckets: list[tuple[str, float]] = []
+            for bound, count in zip(
+                (*(str(float(b)) for b in LATENCY_BUCKETS), "+Inf"), e.latency_counts, strict=True
+            ):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            latency.add_metric(name, buckets, e.latency_sum)
+        affinity = CounterMetricFamily(
+            "genrm_judge_affinity",
+            "Judge requests with a cohort key: sent to the cohort's preferred endpoint "
+            "(kept) or past it because it was over the load bound (spilled).",
+            labels=["result"],
+        )
+        affinity.add_metric(["kept"], self._farm.affinity_kept)
+        affinity.add_metric(["spilled"], self._farm.affinity_spilled)
+        yield affinity
+        yield from (
+            in_flight,
+            state,
+            hedge,
+            waiting,
+            requests,
+            failures,
+            hedges,
+            ejections,
+            tokens,
+            latency,
+        )
 
 
 class _StateCollector(Collector):

@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import ConfigError, Settings
 from genrm_grpc.judge.client import JudgeClient
+from genrm_grpc.judge.prober import FarmProber
 from genrm_grpc.judge.readiness import JudgeMonitor, JudgeReadiness
 from genrm_grpc.observability.hooks import (
     FanoutJudgeObserver,
@@ -188,6 +189,14 @@ class CohortServer:
             on_change=self._judge_readiness_changed,
         )
         self._judge_monitor_task: asyncio.Task[None] | None = None
+        self.farm_prober = FarmProber(
+            self.judge,
+            self.judge_readiness,
+            probe_interval_s=settings.judge.probe_interval_s,
+            probe_timeout_s=settings.judge_probe_timeout_s,
+            scrape_metrics_s=settings.judge.scrape_metrics_s,
+        )
+        self._farm_task: asyncio.Task[None] | None = None
         # Every component reads its own scoped view of the one Settings: nothing copied.
         self.registry = CohortRegistry(settings, MemoryStore(settings))
         store = store_from_url(settings.store)
@@ -223,6 +232,7 @@ class CohortServer:
                 judge_identity=judge_identity(settings),
             )
         self.metrics.attach_runtime(self.runtime)
+        self.metrics.attach_farm(self.judge.farm)
         interceptors: list[Any] = []
         if self.tracing is not None:
             from genrm_grpc.observability.tracing import TracingInterceptor
@@ -278,6 +288,13 @@ class CohortServer:
         check_listen(listen, reuse_port=self.settings.listen_reuse_port)
         if self.settings.metrics_listen is not None:
             check_listen(self.settings.metrics_listen, reuse_port=False, what="metrics_listen")
+        if self.settings.judge_probe == "startup":
+            # Every endpoint's /v1/models: a model no endpoint serves would mask every
+            # group, so it stops the start (endpoints that are down are probed later).
+            check = await self.judge.check_models(self.settings.judge_probe_timeout_s)
+            if check.fatal:
+                await self.judge.aclose()
+                raise ConfigError(check.summary())
         # The store first: cohorts it holds resume before the first call is taken.
         await self.runtime.open()
         try:
@@ -303,6 +320,7 @@ class CohortServer:
         self._judge_monitor_task = asyncio.create_task(
             self.judge_monitor.run(), name="judge-monitor"
         )
+        self._farm_task = asyncio.create_task(self.farm_prober.run(), name="judge-farm")
         log.info(
             "serving",
             extra={
@@ -375,6 +393,9 @@ class CohortServer:
             # First, so that it cannot set the cohort service SERVING while draining.
             self._judge_monitor_task.cancel()
             await asyncio.gather(self._judge_monitor_task, return_exceptions=True)
+        if self._farm_task is not None:
+            self._farm_task.cancel()
+            await asyncio.gather(self._farm_task, return_exceptions=True)
         await self.health.enter_graceful_shutdown()
         # server.stop refuses new calls and sends GOAWAY now; calls in flight get the
         # grace plus FLUSH_S, and it returns as soon as the last one has finished.

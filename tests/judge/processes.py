@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,37 @@ class FakeJudgeProcess:
         )
         with urllib.request.urlopen(request, timeout=10) as reply:
             reply.read()
+
+    def kill(self) -> None:
+        """SIGKILL: connections drop mid-request, nothing is flushed."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def control(self, **changes: Any) -> dict[str, Any]:
+        """``POST /control`` of a farm node (mode, models, health, ...)."""
+        request = urllib.request.Request(
+            self.url + "/control",
+            data=json.dumps(changes).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            state: dict[str, Any] = json.loads(reply.read())
+            return state
+
+    def wait_for(self, timeout: float = 60, **targets: int) -> dict[str, Any]:
+        """``GET /wait``: the node's stats once every named counter reached its value."""
+        query = "&".join(f"{k}={v}" for k, v in targets.items())
+        url = f"{self.url}/wait?{query}&timeout={timeout}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout + 10) as reply:
+                node: dict[str, Any] = json.loads(reply.read())
+                return node
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(
+                f"node {self.url} never reached {targets}: {exc.read()!r}"
+            ) from None
 
     def __enter__(self) -> FakeJudgeProcess:
         return self.start()
@@ -146,14 +178,18 @@ class RestartableServer:
     own so that :meth:`metric` can read the Prometheus endpoint.
     """
 
-    def __init__(self, store: str, judge_url: str, log: Path, **settings: str) -> None:
+    def __init__(self, store: str, judge_url: str | list[str], log: Path, **settings: str) -> None:
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         self.log = log
         self.env = {
             **os.environ,
             "GENRM_STORE": store,
-            "GENRM_JUDGE__URL": judge_url,
+            **(
+                {"GENRM_JUDGE__URL": judge_url}
+                if isinstance(judge_url, str)
+                else {"GENRM_JUDGE__URLS": json.dumps(judge_url)}
+            ),
             "GENRM_JUDGE_MAX_CONCURRENCY": "2",
             "GENRM_GENRM_PARSE_RETRIES": "0",
             "GENRM_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
