@@ -260,6 +260,12 @@ def _fake_judge(argv: list[str]) -> int:
     return fake_main(argv)
 
 
+def _judges(argv: list[str]) -> int:
+    from genrm_grpc.judges_view import main as judges_main
+
+    return judges_main(argv)
+
+
 def _demo(argv: list[str]) -> int:
     from genrm_grpc.demo import main as demo_main
 
@@ -279,6 +285,7 @@ COMMANDS: dict[str, Command] = {
     "serve": Command("run the gRPC server (settings: flags > GENRM_* env > YAML)", _serve),
     "collect": Command("score a NeMo Gym rollout file (JSONL) with a running server", _collect),
     "health": Command("check a server's health; exit 0 only when it is SERVING", _health),
+    "judges": Command("show the judge farm (endpoints, state, load) as a server sees it", _judges),
     "fake-judge": Command(
         "run the fake judge: an OpenAI-API test double, not a model", _fake_judge
     ),

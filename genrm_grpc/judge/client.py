@@ -577,9 +577,14 @@ class JudgeClient:
         """
         endpoints = [e for e in self.farm.endpoints if e.state is not EndpointState.DRAINING]
         results = await asyncio.gather(*(self._probe_one(e, timeout_s) for e in endpoints))
+        if not any(e.takes_work for e in endpoints):
+            # Answering is not enough: ejected or not serving the model, none can judge.
+            states = "; ".join(f"{e.display} {e.state}: {e.detail}" for e in endpoints)
+            return ProbeResult(False, f"no judge endpoint is healthy: {states}")
         if len(results) == 1:
             return results[0]
-        reachable = any(r.reachable for r in results)
+        working = zip(endpoints, results, strict=True)
+        reachable = any(r.reachable for e, r in working if e.takes_work)
         detail = "; ".join(
             f"{e.display}: {r.detail}" for e, r in zip(endpoints, results, strict=True)
         )

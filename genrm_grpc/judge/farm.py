@@ -13,7 +13,8 @@ that key whose in-flight count stays within ``load_factor`` × the mean (consist
 hashing with bounded loads): when the preferred endpoint is over that bound, the next
 one on the ring, the same for every pass of the cohort. So one cohort's passes stay on
 one node (whose prefix cache then holds the shared conversation) unless that node is
-busier than its share, and no node runs above ``load_factor`` × the mean.
+busier than its share, and no node runs above ``load_factor`` × the mean — except at
+low load, where a node may hold up to ``load_factor`` × ``max_in_flight`` / farm size.
 
 Passive outlier detection, in the manner of Envoy's: ``consecutive_failures`` failures
 in a row on one endpoint (connect errors, HTTP 5xx, request timeouts, requests that a
@@ -240,7 +241,14 @@ class Farm:
         if len(room) == 1:
             return room[0]
         total = sum(e.in_flight for e in room)
-        bound = math.ceil(self.load_factor * (total + 1) / len(room))
+        # The bound of consistent hashing with bounded loads, with a floor for a farm at
+        # low load: below load_factor x (its capacity / farm size) an endpoint is never
+        # over its share (concentrating two requests on an idle farm costs nothing and
+        # keeps the cohort's prefix on one node).
+        bound = max(
+            math.ceil(self.load_factor * (total + 1) / len(room)),
+            math.ceil(self.load_factor * self.max_in_flight / len(room)),
+        )
         allowed = set(room)
         if key is not None and self._ring:
             start = bisect.bisect_left(self._ring_keys, _point(key))

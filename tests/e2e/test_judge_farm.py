@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import time
 from collections import Counter
@@ -228,6 +229,15 @@ def test_an_endpoint_that_stops_serving_the_model_is_taken_out_and_back(
     with _farm(2, *NODE) as nodes, _serving(nodes, tmp_path) as server:
         nodes[1].control(models=["another-model"])
         _eventually(lambda: _state(server, nodes[1], "wrong_model") == 1)
+        view = subprocess.run(
+            [*PY, "judges", "--metrics", server.env["GENRM_METRICS_LISTEN"], "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert view.returncode == 0, view.stderr  # one endpoint is still healthy
+        states = {row["endpoint"]: row["state"] for row in json.loads(view.stdout)}
+        assert states == {nodes[0].url: "healthy", nodes[1].url: "wrong_model"}
         before = nodes[1].stats()["total"]
         results = asyncio.run(_run_groups(server.target, 8, 4))
         assert not any(r.mask_sample for r in results)
@@ -270,3 +280,23 @@ def test_a_superseded_attempts_in_flight_judge_requests_are_closed_at_the_judge(
 
 def _wait_running(nodes: list[FakeJudgeProcess], total: int) -> None:
     _eventually(lambda: sum(n.stats()["node"]["running"] for n in nodes) >= total)
+
+
+def test_health_is_not_serving_while_no_endpoint_can_judge(tmp_path: Path) -> None:
+    with (
+        _farm(1, *NODE) as nodes,
+        _serving(nodes, tmp_path, GENRM_JUDGE_UNREACHABLE_WINDOW_S="0.2") as server,
+    ):
+
+        def health() -> int:
+            return subprocess.run(
+                [*PY, "health", "--server", server.target, "--timeout-s", "5"],
+                capture_output=True,
+                timeout=60,
+            ).returncode
+
+        assert health() == 0
+        nodes[0].control(models=["another-model"])  # answers, but cannot judge
+        _eventually(lambda: health() != 0)
+        nodes[0].control(models=["genrm"])
+        _eventually(lambda: health() == 0)
