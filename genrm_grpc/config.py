@@ -85,6 +85,8 @@ class JudgeSettings(BaseModel):
     discovery_nameserver: str | None = None
     #: Requests at once per endpoint (None: ``max_connections``).
     max_in_flight: Annotated[int, Field(ge=1)] | None = None
+    #: ``affinity`` (default); ``round_robin``, ``hash``, ``least_loaded`` to compare.
+    routing: Literal["affinity", "round_robin", "hash", "least_loaded"] = "affinity"
     #: Cohort affinity holds while the preferred endpoint stays within this × the mean.
     affinity_load_factor: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] = 1.25
     outlier_consecutive_failures: Annotated[int, Field(ge=1)] = 5

@@ -116,6 +116,8 @@ class JudgeBlockView(Protocol):
     @property
     def affinity_load_factor(self) -> float: ...
     @property
+    def routing(self) -> str: ...
+    @property
     def outlier_consecutive_failures(self) -> int: ...
     @property
     def outlier_base_ejection_s(self) -> float: ...
@@ -478,6 +480,7 @@ class JudgeClient:
             max_in_flight=judge.in_flight_per_endpoint(),
             display=lambda u: redact_url(u).rstrip("/"),
             load_factor=judge.affinity_load_factor,
+            routing=judge.routing,
             outliers=OutlierPolicy(
                 consecutive_failures=judge.outlier_consecutive_failures,
                 base_ejection_s=judge.outlier_base_ejection_s,

@@ -168,3 +168,25 @@ def test_quantile_is_the_ceiling_rank() -> None:
     assert quantile([1, 2, 3, 4], 0.99) == 4
     with pytest.raises(ValueError):
         quantile([], 0.5)
+
+
+@pytest.mark.parametrize("routing", ["round_robin", "hash", "least_loaded"])
+def test_the_comparison_routings_use_every_endpoint(routing: str) -> None:
+    farm, _ = _farm(routing=routing)
+    seen = set()
+    for n in range(200):
+        chosen = farm.pick(f"cohort-{n}")
+        assert chosen is not None
+        farm.take(chosen)
+        seen.add(chosen.url)
+    assert seen == set(URLS)
+
+
+def test_hash_routing_pins_a_cohort_whatever_the_load() -> None:
+    farm, _ = _farm(routing="hash")
+    first = farm.pick("cohort-a")
+    assert first is not None
+    for _ in range(50):
+        chosen = farm.pick("cohort-a")
+        assert chosen is first
+        farm.take(chosen)
