@@ -255,7 +255,7 @@ class Farm:
         if self.routing == "round_robin":
             self._next += 1
             return room[self._next % len(room)]
-        if self.routing == "least_loaded" or key is None and self.routing == "hash":
+        if self.routing == "least_loaded" or (key is None and self.routing == "hash"):
             return min(room, key=lambda e: e.in_flight)
         if self.routing == "hash":
             ordered = sorted(room, key=lambda e: e.url)
