@@ -106,6 +106,15 @@ class JudgeSettings(BaseModel):
     #: requests waiting in its own queue gets no new request while another has none.
     scrape_metrics_s: Seconds | None = None
 
+    # --- judge tokens (docs/judge-tokens.md)
+    #: Learn how long converging verdicts run and cap each attempt's output budget at a
+    #: high quantile of that, times a margin (never above max_output_tokens).
+    adaptive_budget: bool = False
+    adaptive_budget_quantile: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.99
+    adaptive_budget_margin: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] = 1.2
+    adaptive_budget_floor: Annotated[int, Field(ge=1)] = 1024
+    adaptive_budget_min_samples: Annotated[int, Field(ge=1, le=1024)] = 64
+
     @field_validator("url")
     @classmethod
     def _url_is_http(cls, value: str) -> str:

@@ -477,6 +477,9 @@ _METRIC_NAMES = (
     "judge_reasoning_tokens_total",
     "judge_output_tokens_mean",
     "judge_output_tokens_max",
+    "judge_cached_tokens_total",
+    "judge_output_tokens_wasted_total",
+    "judge_adaptive_budget_cuts",
 )
 _METRIC_INDEX = {name: n for n, name in enumerate(_METRIC_NAMES)}
 

@@ -56,6 +56,7 @@ from typing import Any, Literal, Protocol, Self
 import aiohttp
 import orjson
 
+from genrm_grpc.judge.budget import AdaptiveBudget, TokenLedger
 from genrm_grpc.judge.farm import Endpoint, EndpointState, Farm, HedgePolicy, OutlierPolicy
 from genrm_grpc.judge.redact import Redactor, redact_url, split_userinfo
 from genrm_grpc.observability.hooks import ComparisonOutcome, JudgeObserver, NullJudgeObserver
@@ -117,6 +118,16 @@ class JudgeBlockView(Protocol):
     def affinity_load_factor(self) -> float: ...
     @property
     def routing(self) -> str: ...
+    @property
+    def adaptive_budget(self) -> bool: ...
+    @property
+    def adaptive_budget_quantile(self) -> float: ...
+    @property
+    def adaptive_budget_margin(self) -> float: ...
+    @property
+    def adaptive_budget_floor(self) -> int: ...
+    @property
+    def adaptive_budget_min_samples(self) -> int: ...
     @property
     def outlier_consecutive_failures(self) -> int: ...
     @property
@@ -202,6 +213,10 @@ class TokenUsage:
     reasoning_tokens: int = 0
     #: Prompt tokens the judge served from its prefix cache (when it reports them).
     cached_tokens: int = 0
+    #: Output tokens of attempts that produced no verdict (included in output_tokens).
+    wasted_output_tokens: int = 0
+    #: Attempts cut short by the adaptive budget (``judge.adaptive_budget``).
+    adaptive_cuts: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,6 +226,10 @@ class JudgeOutcome:
     verdict: Verdict
     usage: TokenUsage | None
     attempts: int
+    #: Output tokens of attempts that produced no verdict.
+    wasted_output_tokens: int = 0
+    #: Attempts that ran out of an adaptive budget below the configured cap.
+    adaptive_cuts: int = 0
 
 
 class JudgeFailedError(Exception):
@@ -361,6 +380,13 @@ class _Tally:
     reasoning_tokens: int = 0
     cached_tokens: int = 0
     budget_exhausted: int = 0
+    #: The output budget the current attempt was sent with, and whether it was adaptive.
+    limit: int | None = None
+    adaptive: bool = False
+    adaptive_cuts: int = 0
+    #: Output tokens of the latest attempt, and of attempts that produced no verdict.
+    last_output: int = 0
+    wasted_output: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
 
     def add_usage(self, usage: TokenUsage) -> None:
@@ -374,7 +400,12 @@ class _Tally:
         if not self.usage_seen:
             return None
         return TokenUsage(
-            self.input_tokens, self.output_tokens, self.reasoning_tokens, self.cached_tokens
+            self.input_tokens,
+            self.output_tokens,
+            self.reasoning_tokens,
+            self.cached_tokens,
+            self.wasted_output,
+            self.adaptive_cuts,
         )
 
 
@@ -495,6 +526,18 @@ class JudgeClient:
             ),
             clock=clock,
         )
+        #: Output tokens spent, read by the metrics (``judge/budget.py``).
+        self.tokens = TokenLedger()
+        #: ``judge.adaptive_budget``: learns how long converging verdicts run.
+        self.budget: AdaptiveBudget | None = None
+        if judge.adaptive_budget:
+            self.budget = AdaptiveBudget(
+                cap=judge.max_output_tokens,
+                quantile=judge.adaptive_budget_quantile,
+                margin=judge.adaptive_budget_margin,
+                floor=judge.adaptive_budget_floor,
+                min_samples=judge.adaptive_budget_min_samples,
+            )
         self._sleep = sleep
         self._clock = clock
         self._backoff = _Backoff(
@@ -683,7 +726,9 @@ class JudgeClient:
         """
         cfg = self._config
         sent = replace(inp, response_1=inp.response_2, response_2=inp.response_1) if swap else inp
-        body = _encode(self._payload(sent))
+        payload = self._payload(sent)
+        cap = cfg.judge.max_output_tokens
+        bodies = {cap: _encode(payload)}
         tally = _Tally()
         max_attempts = cfg.genrm_parse_retries + 1
         tried: list[Endpoint] = []  # endpoints an attempt failed on: retries go elsewhere
@@ -695,6 +740,11 @@ class JudgeClient:
             # A plain loop rather than a retry library: the first attempt usually
             # answers, and this path runs once per judge call (see docs/performance.md).
             while True:
+                tally.limit = self._attempt_budget(tally, max_attempts)
+                tally.adaptive = tally.limit != cap
+                body = bodies.get(tally.limit)
+                if body is None:
+                    body = bodies[tally.limit] = _encode(self._with_budget(payload, tally.limit))
                 try:
                     verdict = await self._attempt(body, tally, inp.affinity, tried)
                     break
@@ -711,6 +761,9 @@ class JudgeClient:
                     self._log_retry(failure, tally, wait, max_attempts, swap)
                     await self._sleep(wait)
             outcome = "ok"
+            self.tokens.verdict(tally.last_output)
+            if self.budget is not None:
+                self.budget.observe(tally.last_output)
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
@@ -733,11 +786,37 @@ class JudgeClient:
             )
         finally:
             self._observer.judge_comparison(outcome, time.perf_counter() - started)
+            self.tokens.wasted += tally.wasted_output
+            self.tokens.adaptive_cuts += tally.adaptive_cuts
         return JudgeOutcome(
             verdict=verdict.swapped() if swap else verdict,
             usage=tally.usage(),
             attempts=tally.attempts,
+            wasted_output_tokens=tally.wasted_output,
+            adaptive_cuts=tally.adaptive_cuts,
         )
+
+    def _attempt_budget(self, tally: _Tally, max_attempts: int) -> int | None:
+        """The output budget of the next attempt: the adaptive one when it cuts, except
+        for the last attempt of a comparison whose every attempt so far it cut (that
+        one gets the configured cap, so the adaptive budget alone never masks)."""
+        cap = self._config.judge.max_output_tokens
+        budget = self.budget
+        if budget is None or not budget.cuts():
+            return cap
+        last = tally.budget_spent >= max_attempts - 1
+        if last and tally.attempts > 0 and tally.adaptive_cuts == tally.attempts:
+            return cap
+        return budget.current()
+
+    def _with_budget(self, payload: dict[str, Any], limit: int | None) -> dict[str, Any]:
+        key = "max_output_tokens" if self._config.judge.api == "responses" else "max_tokens"
+        out = dict(payload)
+        if limit is None:
+            out.pop(key, None)
+        else:
+            out[key] = limit
+        return out
 
     def _log_retry(
         self, failure: _AttemptFailed, tally: _Tally, wait: float, max_attempts: int, swap: bool
@@ -797,6 +876,7 @@ class JudgeClient:
         started = time.perf_counter()
         outcome = "error"  # an unexpected exception (a bug): still counted and timed
         tally.attempts += 1
+        tally.last_output = 0
         try:
             verdict = await self._attempt_verdict(body, tally, key, tried)
             outcome = "ok"
@@ -916,6 +996,7 @@ class JudgeClient:
             )
         else:
             answer = self._decode(reply.body, attempt_no)
+        tally.last_output = answer.usage.output_tokens if answer.usage is not None else 0
         if answer.usage is not None:
             tally.add_usage(answer.usage)
             if reply.endpoint is not None:
@@ -923,12 +1004,21 @@ class JudgeClient:
                 reply.endpoint.output_tokens += answer.usage.output_tokens
                 reply.endpoint.cached_tokens += answer.usage.cached_tokens
 
+        if answer.verdict is None:
+            tally.wasted_output += tally.last_output
         if answer.state == "budget_exhausted":
             tally.budget_exhausted += 1
+            used = f"max_output_tokens={_budget_label(tally.limit)}"
+            if tally.adaptive:
+                tally.adaptive_cuts += 1
+                used += (
+                    f", the adaptive budget; configured cap "
+                    f"{_budget_label(cfg.judge.max_output_tokens)}"
+                )
             raise _AttemptFailed(
                 "incomplete_max_output_tokens",
                 f"attempt {attempt_no}: answer incomplete, the judge ran out of output "
-                f"tokens (max_output_tokens={_budget_label(cfg.judge.max_output_tokens)})",
+                f"tokens ({used})",
             )
         if answer.state != "completed":
             raise _AttemptFailed(

@@ -30,6 +30,7 @@ from genrm_grpc.cohort.model import CohortKey, Phase, Reason
 from genrm_grpc.observability.hooks import CohortOutcome, ComparisonOutcome
 
 if TYPE_CHECKING:
+    from genrm_grpc.judge.budget import AdaptiveBudget, TokenLedger
     from genrm_grpc.judge.farm import Farm
     from genrm_grpc.runtime.engine import CohortRuntime
 
@@ -201,6 +202,10 @@ class ServerMetrics:
         """Per judge endpoint: load, state, latency, tokens (read at scrape time)."""
         self.registry.register(_FarmCollector(farm))
 
+    def attach_tokens(self, ledger: TokenLedger, budget: AdaptiveBudget | None) -> None:
+        """Output tokens per verdict, wasted tokens, the adaptive budget (scrape time)."""
+        self.registry.register(_TokenCollector(ledger, budget))
+
     # ----------------------------------------------------------------- hooks
     # Every hook runs on the hot path (several per member, several per judge call):
     # ``Counter.labels(value)`` takes a lock and builds a key tuple each time, so the
@@ -261,6 +266,48 @@ def _child(cache: dict[str, _Labelled], parent: _Labelled, value: str) -> _Label
     if child is None:
         child = cache[value] = parent.labels(value)
     return child
+
+
+class _TokenCollector(Collector):
+    def __init__(self, ledger: TokenLedger, budget: AdaptiveBudget | None) -> None:
+        self._ledger = ledger
+        self._budget = budget
+
+    def collect(self) -> Iterable[Metric]:
+        from genrm_grpc.judge.budget import TOKEN_BUCKETS
+
+        ledger = self._ledger
+        per_verdict = HistogramMetricFamily(
+            "genrm_judge_verdict_output_tokens",
+            "Output tokens of the judge attempt that produced each verdict.",
+        )
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip(
+            (*(str(float(b)) for b in TOKEN_BUCKETS), "+Inf"), ledger.verdict_counts, strict=True
+        ):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        per_verdict.add_metric([], buckets, ledger.verdict_sum)
+        yield per_verdict
+        yield _counter(
+            "genrm_judge_wasted_output_tokens",
+            "Output tokens of judge attempts that produced no verdict (runaways cut by the "
+            "budget, unparseable or empty answers).",
+            ledger.wasted,
+        )
+        yield _counter(
+            "genrm_judge_adaptive_budget_cuts",
+            "Judge attempts that ran out of the adaptive output budget (judge.adaptive_budget) "
+            "below the configured max_output_tokens.",
+            ledger.adaptive_cuts,
+        )
+        if self._budget is not None and self._budget.current() is not None:
+            yield _gauge(
+                "genrm_judge_adaptive_budget_tokens",
+                "The adaptive output budget sent with judge attempts now.",
+                self._budget.current() or 0,
+            )
 
 
 class _FarmCollector(Collector):

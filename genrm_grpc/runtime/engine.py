@@ -1198,4 +1198,7 @@ def _usage_metrics(usages: Sequence[TokenUsage | None]) -> dict[str, float]:
         "judge_reasoning_tokens_total": float(sum(u.reasoning_tokens for u in known)),
         "judge_output_tokens_mean": sum(outputs) / len(outputs),
         "judge_output_tokens_max": float(max(outputs)),
+        "judge_cached_tokens_total": float(sum(u.cached_tokens for u in known)),
+        "judge_output_tokens_wasted_total": float(sum(u.wasted_output_tokens for u in known)),
+        "judge_adaptive_budget_cuts": float(sum(u.adaptive_cuts for u in known)),
     }

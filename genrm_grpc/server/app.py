@@ -233,6 +233,7 @@ class CohortServer:
             )
         self.metrics.attach_runtime(self.runtime)
         self.metrics.attach_farm(self.judge.farm)
+        self.metrics.attach_tokens(self.judge.tokens, self.judge.budget)
         interceptors: list[Any] = []
         if self.tracing is not None:
             from genrm_grpc.observability.tracing import TracingInterceptor
