@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import ConfigError, Settings
 from genrm_grpc.judge.client import JudgeClient
+from genrm_grpc.judge.discovery import DnsDiscovery
 from genrm_grpc.judge.prober import FarmProber
 from genrm_grpc.judge.readiness import JudgeMonitor, JudgeReadiness
 from genrm_grpc.observability.hooks import (
@@ -197,6 +198,15 @@ class CohortServer:
             scrape_metrics_s=settings.judge.scrape_metrics_s,
         )
         self._farm_task: asyncio.Task[None] | None = None
+        self.discovery: DnsDiscovery | None = None
+        if settings.judge.discovery == "dns":
+            self.discovery = DnsDiscovery(
+                settings.judge.url,
+                interval_s=settings.judge.discovery_interval_s,
+                on_change=self.judge.farm.set_urls,
+                nameserver=settings.judge.discovery_nameserver,
+            )
+        self._discovery_task: asyncio.Task[None] | None = None
         # Every component reads its own scoped view of the one Settings: nothing copied.
         self.registry = CohortRegistry(settings, MemoryStore(settings))
         store = store_from_url(settings.store)
@@ -289,6 +299,10 @@ class CohortServer:
         check_listen(listen, reuse_port=self.settings.listen_reuse_port)
         if self.settings.metrics_listen is not None:
             check_listen(self.settings.metrics_listen, reuse_port=False, what="metrics_listen")
+        if self.discovery is not None:
+            # The farm starts from what the name resolves to now (unresolvable: the URL
+            # as configured, re-resolved every discovery_interval_s).
+            await self.discovery.refresh()
         if self.settings.judge_probe == "startup":
             # Every endpoint's /v1/models: a model no endpoint serves would mask every
             # group, so it stops the start (endpoints that are down are probed later).
@@ -322,6 +336,8 @@ class CohortServer:
             self.judge_monitor.run(), name="judge-monitor"
         )
         self._farm_task = asyncio.create_task(self.farm_prober.run(), name="judge-farm")
+        if self.discovery is not None:
+            self._discovery_task = asyncio.create_task(self.discovery.run(), name="judge-discovery")
         log.info(
             "serving",
             extra={
@@ -394,9 +410,10 @@ class CohortServer:
             # First, so that it cannot set the cohort service SERVING while draining.
             self._judge_monitor_task.cancel()
             await asyncio.gather(self._judge_monitor_task, return_exceptions=True)
-        if self._farm_task is not None:
-            self._farm_task.cancel()
-            await asyncio.gather(self._farm_task, return_exceptions=True)
+        for task in (self._farm_task, self._discovery_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.health.enter_graceful_shutdown()
         # server.stop refuses new calls and sends GOAWAY now; calls in flight get the
         # grace plus FLUSH_S, and it returns as soon as the last one has finished.

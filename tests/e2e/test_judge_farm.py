@@ -54,13 +54,13 @@ def _request(group: int, k: int, size: int, attempt: int = 0) -> pb.SubmitMember
     )
 
 
-async def _run_groups(target: str, groups: int, size: int) -> list[pb.MemberResult]:
+async def _run_groups(target: str, groups: int, size: int, first: int = 0) -> list[pb.MemberResult]:
     async with grpc.aio.insecure_channel(target) as channel:
         stub = pb_grpc.CohortServiceStub(channel)
         replies = await asyncio.gather(
             *(
                 stub.SubmitMember(_request(g, k, size), timeout=120)
-                for g in range(groups)
+                for g in range(first, first + groups)
                 for k in range(size)
             )
         )

@@ -26,19 +26,20 @@ def free_port() -> int:
 class FakeJudgeProcess:
     """``genrm-grpc fake-judge`` on one port; can be stopped and started again on it."""
 
-    def __init__(self, port: int | None = None, *args: str) -> None:
+    def __init__(self, port: int | None = None, *args: str, host: str = "127.0.0.1") -> None:
         self.port = port if port is not None else free_port()
+        self.host = host
         self.args = args
         self.proc: subprocess.Popen[str] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> FakeJudgeProcess:
         assert self.proc is None
         proc = subprocess.Popen(
-            [*PY, "fake-judge", "--port", str(self.port), *self.args],
+            [*PY, "fake-judge", "--host", self.host, "--port", str(self.port), *self.args],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
