@@ -332,6 +332,8 @@ COUNTERS: tuple[str, ...] = (
     "prefix_cache_hits",
     "finished_stop",
     "finished_length",
+    "slot_ms",
+    "slot_ms_completed",
 )
 WAITABLE: tuple[str, ...] = (*COUNTERS, "running", "waiting", "max_running")
 
@@ -504,6 +506,7 @@ class Node:
             prefill_s += self.config.slow_ms / 1e3
         started = time.monotonic()
         finished = self.wait(ticket, prefill_s + decode_s)
+        held_ms = round(1000 * ((prefill_s + decode_s) if finished else time.monotonic() - started))
         if finished:
             produced = answer_tokens
         else:
@@ -512,7 +515,9 @@ class Node:
             self._count_abort(ticket, "aborted_running")
         with self.cond:
             self.counters["generation_tokens"] += min(produced, answer_tokens)
+            self.counters["slot_ms"] += held_ms
             if finished:
+                self.counters["slot_ms_completed"] += held_ms
                 self.counters["completed"] += 1
                 self.counters["finished_length" if plan.truncated else "finished_stop"] += 1
             self.cond.notify_all()

@@ -497,6 +497,7 @@ async def test_usage_is_summed_over_every_attempt_of_a_comparison() -> None:
         3 * single.usage.output_tokens,
         3 * single.usage.reasoning_tokens,
         triple.usage.cached_tokens,
+        3 * single.usage.wasted_output_tokens,
     )
     assert triple.usage.cached_tokens > 0
 

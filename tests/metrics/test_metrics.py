@@ -144,15 +144,15 @@ async def test_metrics_are_scraped_over_http_and_follow_the_groups(
     assert m("genrm_attempt_watermarks") == 3
     assert m("genrm_draining") == 0
     # Every name follows the conventions: a genrm_ prefix, counters end in _total,
-    # durations are in seconds.
+    # durations are in seconds (token counts in tokens).
     for family in text_string_to_metric_families(m.text):
         if family.name.startswith(("python_", "process_")):
             continue
         assert family.name.startswith("genrm_")
         if family.type == "counter":
             assert all(s.name.endswith(("_total", "_created")) for s in family.samples)
-        if family.type == "histogram":
-            assert family.name.endswith("_seconds")
+        if family.type == "histogram":  # in a base unit: seconds, or judge tokens
+            assert family.name.endswith(("_seconds", "_tokens"))
 
 
 async def test_masked_cohorts_and_judge_failures_are_counted(
