@@ -156,13 +156,15 @@ def start_service(
     *,
     concurrency: int,
     store: str | None = None,
+    judge_keys: dict[str, Any] | None = None,
     **extra: Any,
 ) -> Proc:
     """``genrm-grpc serve`` with its store set through ``GENRM_STORE``, never the default
     file in the working directory: ``memory://`` by default, so that sections 1–5 measure
     the service's own work (the store's cost is the ``store`` section's subject); a
     SQLite side passes ``store=fresh_store(...)``, a new file of its own (the store
-    refuses a second process on one file)."""
+    refuses a second process on one file). ``judge_keys`` go into the ``judge:`` block
+    (a farm's ``urls`` replace ``url``)."""
     url = judge if isinstance(judge, str) else judge.url
     config = {
         "listen": "127.0.0.1:0",
@@ -171,6 +173,7 @@ def start_service(
             "api": "responses",
             "model": MODEL,
             "max_connections": max(64, concurrency),
+            **(judge_keys or {}),
         },
         "default_principle": PRINCIPLE,
         "comparison_strategy": "circular",
@@ -179,6 +182,8 @@ def start_service(
         "log_level": "WARNING",
         **extra,
     }
+    if "urls" in config["judge"]:
+        del config["judge"]["url"]  # one spelling or the other
     path = logs / f"{name}.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     argv = _genrm_grpc()

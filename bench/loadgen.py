@@ -48,12 +48,14 @@ def answer_text(n: int, i: int, size: int) -> str:
 
 
 def group_requests(
-    prefix: str, n: int, size: int, answer_bytes: int
+    prefix: str, n: int, size: int, answer_bytes: int, prompt_words: int = 0
 ) -> list[pb.SubmitMemberRequest]:
+    # prompt_words > 0: a longer question (the shared prefix a judge's cache can hold).
+    context = "".join(f"fact{n}-{w} " for w in range(prompt_words))
     prompt = pb.Prompt(
         messages=[
             pb.ChatMessage(role="system", content="You are a careful assistant."),
-            pb.ChatMessage(role="user", content=f"Question {n}: {PROMPT_TEXT}"),
+            pb.ChatMessage(role="user", content=f"Question {n}: {context}{PROMPT_TEXT}"),
         ]
     )
     return [
@@ -85,6 +87,7 @@ class Runner:
         stub = stubs[0]
         api, size, prefix = cmd["api"], int(cmd["size"]), str(cmd["prefix"])
         answer_bytes = int(cmd.get("answer_bytes", 2048))
+        prompt_words = int(cmd.get("prompt_words", 0))
         in_flight = int(cmd["in_flight"])
         groups = cmd.get("groups")
         duration = cmd.get("duration_s")
@@ -95,7 +98,9 @@ class Runner:
         counts = {"errors": 0, "masked": 0, "members": 0, "groups": 0}
         first_error: list[str] = []
         if groups is not None:  # built before the clock starts
-            prebuilt = [group_requests(prefix, n, size, answer_bytes) for n in range(groups)]
+            prebuilt = [
+                group_requests(prefix, n, size, answer_bytes, prompt_words) for n in range(groups)
+            ]
 
         def note(result: pb.MemberResult) -> None:
             counts["members"] += 1
@@ -163,7 +168,7 @@ class Runner:
                     next_group += 1
                 reqs = prebuilt[n] if groups is not None else None
                 if reqs is None:
-                    reqs = group_requests(prefix, n, size, answer_bytes)
+                    reqs = group_requests(prefix, n, size, answer_bytes, prompt_words)
                 g0 = perf()
                 await send(reqs)
                 group_lat.append(perf() - g0)

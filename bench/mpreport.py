@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.util import md_table
 
-KEPT_SECTIONS = ("judge-client", "hot-path")
+KEPT_SECTIONS = ("judge-client", "hot-path", "judge-farm")
 TARGETS = {
     "cpu_per_judge_call_us": 300.0,
     "saturation": 0.85,
@@ -39,6 +39,22 @@ def kept_placeholder(name: str) -> str:
         f"<!-- (kept by make bench: text here is copied into every regenerated file) -->\n"
         f"<!-- END KEPT SECTION: {name} -->"
     )
+
+
+def write_section(page: str, name: str, body: str) -> str:
+    """``page`` with kept section ``name`` holding ``body`` (inserted before the page's
+    "## Reproduce" heading, or at the end, when the page has no such section yet)."""
+    block = (
+        f"<!-- BEGIN KEPT SECTION: {name} -->\n{body.rstrip()}\n<!-- END KEPT SECTION: {name} -->"
+    )
+    for m in _KEPT.finditer(page):
+        if m["name"] == name:
+            return page[: m.start()] + block + page[m.end() :]
+    marker = "\n## Reproduce"
+    if marker in page:
+        at = page.index(marker)
+        return page[:at].rstrip("\n") + "\n\n" + block + "\n" + page[at:]
+    return page.rstrip("\n") + "\n\n" + block + "\n"
 
 
 def keep_sections(new: str, old: str | None) -> str:

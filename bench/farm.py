@@ -1,0 +1,330 @@
+"""Judge farm bench (simulated): routing policies over four fake-judge farm nodes.
+
+``python -m bench.farm [--quick] [--rounds N] [--json PATH]``; also ``make bench``'s
+``farm`` section. Every process is separate: four ``genrm-grpc fake-judge`` farm nodes
+(``--slots 8``, bimodal output lengths: 60 % converge at A tokens, 40 % run 1.8× longer,
+a prefix-cache model with a prefill cost per uncached prompt token), one ``genrm-grpc
+serve`` per run, the load generator (``bench/loadgen.py``: one step of G groups × 16,
+every member in flight), and for the L4 variant ``bench/l4proxy.py``.
+
+Variants, interleaved within each round (ABAB…):
+
+* ``affinity`` — this service's routing (``judge.routing: affinity``);
+* ``round_robin`` — each request to the next endpoint with room;
+* ``hash`` — a static hash of the cohort (as NeMo Gym's model server pins a session);
+* ``l4`` — one ``judge.url`` in front of a connection-level balancer (round robin per
+  connection).
+
+The lower bound of a step's makespan is the slot time of the requests that completed
+(the nodes' ``slot_ms_completed``) ÷ the total slots; makespan ÷ lower bound ≥ 1, and the
+healthy target is ≤ 1/0.9. Then the sick node: one of the four starts hanging once a
+third of the passes are done; its lower bound is the same work on the three healthy
+nodes. All figures are simulated (fake judges on a 2-core machine, no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from bench.launch import LoadGen, Proc, _genrm_grpc, start_service
+from bench.mpreport import write_section
+
+SLOTS = 8
+NODES = 4
+
+
+@dataclass(frozen=True)
+class FarmPlan:
+    groups: int = 128
+    size: int = 16
+    rounds: int = 3
+    tokens_per_s: float = 400.0
+    converge_tokens: int = 200
+    time_scale: float = 0.25
+    prefill_ms_per_token: float = 0.5
+    prompt_words: int = 300
+    answer_bytes: int = 400
+    variants: tuple[str, ...] = ("affinity", "round_robin", "hash", "l4")
+    sick: bool = True
+
+
+QUICK = FarmPlan(groups=32, size=4, rounds=1, variants=("affinity", "round_robin"))
+
+
+def _node_args(plan: FarmPlan) -> list[str]:
+    a = plan.converge_tokens
+    return [
+        "--slots", str(SLOTS),
+        "--tokens-per-s", str(plan.tokens_per_s),
+        "--output-tokens", f"bimodal:{a}:{round(a * 1.8)}:0.4:{a // 10}",
+        "--prefill-ms-per-token", str(plan.prefill_ms_per_token),
+        "--time-scale", str(plan.time_scale),
+        "--model", "bench-genrm",
+    ]  # fmt: skip
+
+
+class Node(Proc):
+    def __init__(self, name: str, plan: FarmPlan, logs: pathlib.Path) -> None:
+        argv = [*_genrm_grpc(), "fake-judge", "--port", "0", *_node_args(plan)]
+        super().__init__(name, argv, r"listening on http://[\d.]+:(\d+)", logs)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def call(self, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return json.loads(reply.read() or b"null")
+
+    def node_stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self.call("/stats")["node"]
+        return stats
+
+
+def _fresh(nodes: list[Node]) -> None:
+    for node in nodes:
+        node.call("/control", {"mode": "ok", "clear_prefix_cache": True})
+        node.call("/stats/reset", {})
+
+
+def _server(name: str, variant: str, urls: list[str], logs: pathlib.Path) -> Proc:
+    judge: dict[str, Any] = {"api": "chat_completions", "model": "bench-genrm"}
+    if variant != "l4" and len(urls) > 1:
+        judge["urls"] = urls
+        judge["routing"] = variant
+    # Per endpoint: its slots (the proxy stands for all four nodes).
+    judge["max_in_flight"] = SLOTS * NODES if variant == "l4" else SLOTS
+    judge["max_connections"] = 256
+    return start_service(
+        name,
+        urls[0],
+        logs,
+        concurrency=SLOTS * NODES,
+        judge_keys=judge,
+        genrm_parse_retries=3,
+        genrm_parse_retry_sleep_s=0.05,
+        judge_request_timeout_s=600,
+    )
+
+
+def one_run(
+    plan: FarmPlan,
+    variant: str,
+    nodes: list[Node],
+    load: LoadGen,
+    logs: pathlib.Path,
+    tag: str,
+    *,
+    sick: bool = False,
+) -> dict[str, Any]:
+    _fresh(nodes)
+    proxy = None
+    urls = [n.url for n in nodes]
+    if variant == "l4":
+        proxy = Proc(
+            f"l4proxy-{tag}",
+            [sys.executable, "-m", "bench.l4proxy", *(u.removeprefix("http://") for u in urls)],
+            r"listening on [\d.]+:(\d+)",
+            logs,
+        )
+        urls = [f"http://127.0.0.1:{proxy.port}"]
+    server = _server(f"farm-{tag}", variant, urls, logs)
+    passes = plan.groups * plan.size
+    try:
+        started = time.perf_counter()
+        load.send(
+            target=server.target,
+            api="SubmitMember",
+            prefix=f"farm-{tag}",
+            size=plan.size,
+            in_flight=plan.groups,
+            groups=plan.groups,
+            answer_bytes=plan.answer_bytes,
+            prompt_words=plan.prompt_words,
+        )
+        if sick:
+            # One node starts hanging once a third of the passes are done (its own count
+            # of completed requests reaching a quarter of a third: it has its share).
+            nodes[0].call(f"/wait?completed={max(1, passes // (3 * NODES))}&timeout=300")
+            nodes[0].call("/control", {"mode": "hang"})
+        out = load.result()
+        makespan = time.perf_counter() - started
+    finally:
+        server.stop()
+        if proxy is not None:
+            proxy.stop()
+    stats = [n.node_stats() for n in nodes]
+    healthy = stats[1:] if sick else stats
+    work_s = sum(s["slot_ms_completed"] for s in stats) / 1000
+    held_s = sum(s["slot_ms"] for s in stats) / 1000
+    slots = SLOTS * len(healthy)
+    lower = work_s / slots
+    prompt = sum(s["prompt_tokens"] for s in stats)
+    requests = sum(s["requests"] for s in stats)
+    return {
+        "variant": variant,
+        "sick": sick,
+        "makespan_s": makespan,
+        "lower_bound_s": lower,
+        "ratio": makespan / lower if lower else float("nan"),
+        "occupancy": held_s / (SLOTS * NODES * makespan),
+        "cached_share": sum(s["cached_tokens"] for s in stats) / prompt if prompt else 0.0,
+        "requests_per_pass": requests / passes,
+        "extra_requests_pct": 100 * (requests - passes) / passes,
+        "masked": out.get("masked", 0),
+        "errors": out.get("errors", 0),
+        "members": out.get("members", 0),
+    }
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run(plan: FarmPlan, logs: pathlib.Path) -> dict[str, Any]:
+    logs.mkdir(parents=True, exist_ok=True)
+    nodes: list[Node] = []
+    load: LoadGen | None = None
+    runs: list[dict[str, Any]] = []
+    try:
+        nodes = [Node(f"farm-node-{k}", plan, logs) for k in range(NODES)]
+        load = LoadGen(logs)
+        for r in range(plan.rounds):
+            order = plan.variants if r % 2 == 0 else tuple(reversed(plan.variants))
+            for variant in order:
+                row = one_run(plan, variant, nodes, load, logs, f"{variant}-{r}")
+                runs.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+            if plan.sick:
+                row = one_run(plan, "affinity", nodes, load, logs, f"sick-{r}", sick=True)
+                runs.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    finally:
+        if load is not None:
+            load.stop()
+        for node in nodes:
+            node.stop()
+    summary: dict[str, Any] = {}
+    for key in [*plan.variants, *(["sick"] if plan.sick else [])]:
+        mine = [
+            r
+            for r in runs
+            if (r["sick"] and key == "sick") or (not r["sick"] and r["variant"] == key)
+        ]
+        summary[key] = {
+            name: _spread([r[name] for r in mine])
+            for name in (
+                "ratio",
+                "makespan_s",
+                "lower_bound_s",
+                "occupancy",
+                "cached_share",
+                "requests_per_pass",
+                "extra_requests_pct",
+                "masked",
+            )
+        }
+    return {"plan": plan.__dict__, "runs": runs, "summary": summary}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    plan = result["plan"]
+    lines = [
+        f"Simulated: four fake-judge farm nodes, `--slots {SLOTS}`, {plan['tokens_per_s']:g} "
+        f"tokens/s × time scale {plan['time_scale']:g}, output lengths bimodal (60 % at "
+        f"{plan['converge_tokens']} ± {plan['converge_tokens'] // 10} tokens, 40 % at 1.8×), "
+        f"prefill {plan['prefill_ms_per_token']:g} ms per uncached prompt token; one step of "
+        f"{plan['groups']} groups × {plan['size']} (circular), every member in flight; "
+        f"`judge_max_concurrency` {SLOTS * NODES}; {plan['rounds']} rounds, variants "
+        "interleaved. Median (min–max) of the rounds.",
+        "",
+        "| routing | makespan ÷ lower bound | target ≤ 1.11 | makespan s | slot occupancy "
+        "| prefix-cache hit share | judge requests per pass | members masked |",
+        "| :-- | --: | :-: | --: | --: | --: | --: | --: |",
+    ]
+    names = {
+        "affinity": "this service (`affinity`)",
+        "round_robin": "round robin",
+        "hash": "static hash per cohort (NeMo Gym's model server)",
+        "l4": "one URL behind an L4 balancer",
+        "sick": "this service, one node hangs mid-run",
+    }
+    for key, s in result["summary"].items():
+        target = 1.2 if key == "sick" else 1 / 0.9
+        ok = "✔" if s["ratio"]["median"] <= target else "✘"
+        if key == "sick":
+            ok = (
+                "✔"
+                if (
+                    s["ratio"]["median"] <= 1.2
+                    and s["masked"]["max"] == 0
+                    and s["extra_requests_pct"]["median"] <= 2
+                )
+                else "✘"
+            )
+
+        def cell(name: str, fmt: str, s: dict[str, Any] = s) -> str:
+            v = s[name]
+            return f"{v['median']:{fmt}} ({v['min']:{fmt}}–{v['max']:{fmt}})"
+
+        lines.append(
+            f"| {names[key]} | {cell('ratio', '.2f')} | {ok} | {cell('makespan_s', '.1f')} "
+            f"| {cell('occupancy', '.2f')} | {cell('cached_share', '.0%')} "
+            f"| {cell('requests_per_pass', '.3f')} | {cell('masked', '.0f')} |"
+        )
+    lines += [
+        "",
+        "Lower bound: the slot time of the requests that completed (the nodes' "
+        "`slot_ms_completed`) ÷ the slots (32; 24 for the sick run, the three healthy "
+        "nodes). Occupancy: slot time held (aborted requests included) ÷ (32 slots × "
+        "makespan). The sick row's target is ≤ 1.2× its lower bound, 0 masked and extra "
+        "judge requests ≤ 2 % of passes.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.farm", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a small step, one round")
+    parser.add_argument("--rounds", type=int, help="rounds (default 3)")
+    parser.add_argument("--groups", type=int, help="groups per step (default 128)")
+    parser.add_argument("--json", help="write the result here")
+    parser.add_argument(
+        "--update-docs",
+        metavar="PAGE",
+        help="write the section into this page (docs/performance.md), between its markers",
+    )
+    parser.add_argument("--logs", default="build/bench/farm", help="process logs")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FarmPlan()
+    if args.rounds:
+        plan = FarmPlan(**{**plan.__dict__, "rounds": args.rounds})
+    if args.groups:
+        plan = FarmPlan(**{**plan.__dict__, "groups": args.groups})
+    result = run(plan, pathlib.Path(args.logs))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=2))
+    text = markdown(result)
+    print(text)
+    if args.update_docs:
+        page = pathlib.Path(args.update_docs)
+        command = "python -m bench.farm" + (" --quick" if args.quick else "")
+        body = f"## Judge farm (simulated)\n\n`{command}` (part of `make bench`).\n\n{text}\n"
+        page.write_text(write_section(page.read_text(), "judge-farm", body))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
