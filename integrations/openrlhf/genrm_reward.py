@@ -74,6 +74,7 @@ class _Group:
         self.returned: set[int] = set()  # slots whose call has returned
         self.full = threading.Event()
         self.completed_at: float | None = None
+        self.failed: str | None = None  # why it can never fill (set with ``full``)
 
 
 class GroupBuffer:
@@ -107,6 +108,8 @@ class GroupBuffer:
                     if recent:
                         group.returned.discard(index)
                         return group, index, True
+                if group.failed is not None and len(group.answers) < group.size:
+                    raise _fail(group.failed)
                 if len(group.answers) < group.size:
                     group.answers.append(answer)
                     if len(group.answers) == group.size:
@@ -117,6 +120,13 @@ class GroupBuffer:
             self._latest[prompt] = group
             self._prune()
             return group, 0, False
+
+    def poison(self, group: _Group, message: str) -> None:
+        """The group cannot fill: its waiting members and later arrivals fail too."""
+        with self._lock:
+            if not group.full.is_set():
+                group.failed = message
+                group.full.set()
 
     def release(self, group: _Group, index: int, completed: bool) -> None:
         with self._lock:
@@ -209,22 +219,26 @@ def reward_func(
             waiting = buffer.waiting
         try:
             if _pool_threads is not None and waiting >= _pool_threads and not group.full.is_set():
-                raise _fail(
+                message = (
                     f"{waiting} reward calls are waiting for their groups and the thread pool"
                     f" has {_pool_threads} threads: no sibling can start. Raise"
                     " GENRM_OPENRLHF_THREADS above the samples a rollout process holds"
                     " (rollout batch x n_samples_per_prompt / engines)."
                 )
-            if not group.full.wait(sibling_timeout):
-                raise _fail(
+                buffer.poison(group, message)
+            elif not group.full.wait(sibling_timeout):
+                buffer.poison(
+                    group,
                     f"group {group.group_id} (prompt {prompt[:60]!r}) has"
                     f" {len(group.answers)} of {group.size} samples after {sibling_timeout:g} s:"
                     " the other samples of this prompt are not arriving in this process."
                     " Check that GENRM_OPENRLHF_GROUP_SIZE equals"
                     " --rollout.n_samples_per_prompt, that a prompt's samples are generated"
                     " concurrently (OpenRLHF's generate_responses), and raise"
-                    " GENRM_OPENRLHF_SIBLING_TIMEOUT_S if generation lengths differ by more."
+                    " GENRM_OPENRLHF_SIBLING_TIMEOUT_S if generation lengths differ by more.",
                 )
+            if group.failed is not None:
+                raise _fail(group.failed)
         finally:
             with _lock:
                 buffer.waiting -= 1
