@@ -117,6 +117,7 @@ class GroupBuffer:
                     return group, len(group.answers) - 1, False
             group = _Group(f"openrlhf/{RUN_NONCE}/{next(self._sequence)}", self.group_size)
             group.answers.append(answer)
+            self._latest.pop(prompt, None)
             self._latest[prompt] = group
             self._prune()
             return group, 0, False
@@ -126,6 +127,7 @@ class GroupBuffer:
         with self._lock:
             if not group.full.is_set():
                 group.failed = message
+                group.completed_at = self._clock()  # forgotten after the replay window
                 group.full.set()
 
     def release(self, group: _Group, index: int, completed: bool) -> None:
@@ -135,12 +137,13 @@ class GroupBuffer:
                 group.completed_at = self._clock()
 
     def _prune(self) -> None:
-        # Completed groups older than the replay window are forgotten (oldest first:
-        # dicts keep insertion order, and a prompt's new group is inserted last).
+        # Completed groups older than the replay window are forgotten, oldest first
+        # (dicts keep insertion order and a prompt's new group is inserted last), so a
+        # call does work only for the groups it forgets.
         now = self._clock()
-        for prompt, group in list(self._latest.items())[:-1]:
-            done = group.completed_at is not None and now - group.completed_at > self.replay_s
-            if not done:
+        while self._latest:
+            prompt, group = next(iter(self._latest.items()))
+            if group.completed_at is None or now - group.completed_at <= self.replay_s:
                 break
             del self._latest[prompt]
 
@@ -272,4 +275,3 @@ def reward_func(
             "genrm_replayed": _as_tensor([float(result.replayed)]),
         },
     }
-

@@ -14,10 +14,18 @@ from typing import Any
 import openrlhf.utils.agent
 import pytest
 from genrm_cohort_client import CohortClient
-from genrm_grpc.testing.heuristic import pair_key
 from openrlhf.utils.agent import SingleTurnAgentExecutor
 
-from .conftest import GROUP_SIZE, REWARD_FILE, FakeEngine, Judge, generate_responses, offline_tokenizer
+from genrm_grpc.testing.heuristic import pair_key
+
+from .conftest import (
+    GROUP_SIZE,
+    REWARD_FILE,
+    FakeEngine,
+    Judge,
+    generate_responses,
+    offline_tokenizer,
+)
 
 STEP_1 = {
     "Name a prime number.": ["Seven is prime.", "Four.", "Two is the only even prime.", "Nine."],
