@@ -68,6 +68,7 @@ def judge(live: tuple[Judge, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[
     judge, target = live
     monkeypatch.setenv("GENRM_GRPC_TARGET", target)
     monkeypatch.setenv("GENRM_OPENRLHF_GROUP_SIZE", str(GROUP_SIZE))
+    monkeypatch.setenv("GENRM_OPENRLHF_SIBLING_TIMEOUT_S", "30")  # a bug fails, not hangs
     judge.faults(fail_503_rate=0.0, retry_after_s=None)
     judge.reset()
     yield judge

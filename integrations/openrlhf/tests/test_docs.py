@@ -46,5 +46,6 @@ def test_the_documented_reward_file_and_settings_are_the_tested_ones() -> None:
     n = words[words.index("--rollout.n_samples_per_prompt") + 1]
     assert f"GENRM_OPENRLHF_GROUP_SIZE={n}" in COMMAND
     code = REWARD_FILE.read_text()
-    for name in set(re.findall(r"GENRM_[A-Z_]+", SECTION)):
-        assert name in code, f"docs name {name}, which genrm_reward.py does not read"
+    documented = set(re.findall(r"GENRM_[A-Z_]+", SECTION))
+    read = set(re.findall(r'"(GENRM_[A-Z_]+)"', code))
+    assert documented == read, (documented - read, read - documented)
