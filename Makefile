@@ -62,7 +62,7 @@ test: lint typecheck buf-lint buf-breaking redis-server
 GYM_VENV ?= build/gym-venv
 # The OpenRLHF suite: OpenRLHF 0.11.2's own reward path (SingleTurnAgentExecutor) calling
 # integrations/openrlhf/genrm_reward.py, a live server and the fake judge. Its venv is
-# built once into $(OPENRLHF_VENV) (cold about 1.5 min, 1.2 GB; see openrlhf-env.sh).
+# built once into $(OPENRLHF_VENV) (cold 1.5-2 min, 1.2 GB; see openrlhf-env.sh).
 OPENRLHF_VENV ?= build/openrlhf-venv
 
 test-integrations:

@@ -11,7 +11,7 @@
 # The interpreter: $OPENRLHF_PYTHON if set, else python3.11, else python3. torch is the
 # CPU build (torch==2.13.0+cpu): pip finds it where its configuration points (a local
 # wheel directory) or on the CPU wheel index, which is added when it answers.
-# Cold: about 1.5 minutes, 1.2 GB; warm: a second.
+# Cold: 1.5 to 2 minutes, 1.2 GB; warm: a second.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=${1:-build/openrlhf-venv}
