@@ -60,10 +60,16 @@ test: lint typecheck buf-lint buf-breaking redis-server
 # once into $(GYM_VENV) (cold 7-10 min, warm a few seconds; see gym-env.sh); the tests
 # take about 30 s. genrm-grpc is imported from this checkout.
 GYM_VENV ?= build/gym-venv
+# The OpenRLHF suite: OpenRLHF 0.11.2's own reward path (SingleTurnAgentExecutor) calling
+# integrations/openrlhf/genrm_reward.py, a live server and the fake judge. Its venv is
+# built once into $(OPENRLHF_VENV) (cold 1.5-2 min, 1.2 GB; see openrlhf-env.sh).
+OPENRLHF_VENV ?= build/openrlhf-venv
 
 test-integrations:
 	bash integrations/nemo_gym/gym-env.sh $(GYM_VENV)
 	PYTHONPATH=$(CURDIR):$(CURDIR)/clients/python $(GYM_VENV)/bin/python -m pytest -q -p no:cacheprovider integrations/nemo_gym
+	bash integrations/openrlhf/openrlhf-env.sh $(OPENRLHF_VENV)
+	PYTHONPATH=$(CURDIR):$(CURDIR)/clients/python $(OPENRLHF_VENV)/bin/python -m pytest -q -p no:cacheprovider integrations/openrlhf
 
 demo: $(STAMP)
 	$(PY) -m genrm_grpc.cli demo
