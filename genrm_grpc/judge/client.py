@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextlib
 import email.utils
 import json
 import logging
@@ -1093,9 +1094,20 @@ class JudgeClient:
             if done:
                 return first.result()
             extra = self.farm.pick(key, [primary, *tried])
-            if extra is None:  # every endpoint is full: no room for a hedge
-                return await first
-            self.farm.take(extra)
+            if extra is not None:
+                self.farm.take(extra)
+            else:
+                # Every other endpoint is full: the hedge takes the first slot that
+                # frees (a farm at saturation must still get a hung request answered).
+                room = asyncio.ensure_future(self.farm.acquire(key, [primary, *tried]))
+                await asyncio.wait([first, room], return_when=asyncio.FIRST_COMPLETED)
+                if first.done():
+                    room.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        got = await room
+                        self.farm.release(got)  # acquired as it was cancelled
+                    return first.result()
+                extra = room.result()
             extra.hedges += 1
             self._on_hedge()
             logger.debug(

@@ -19,7 +19,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import ConfigError, Settings
 from genrm_grpc.judge.client import JudgeClient
-from genrm_grpc.judge.discovery import DnsDiscovery
 from genrm_grpc.judge.prober import FarmProber
 from genrm_grpc.judge.readiness import JudgeMonitor, JudgeReadiness
 from genrm_grpc.observability.hooks import (
@@ -198,8 +197,11 @@ class CohortServer:
             scrape_metrics_s=settings.judge.scrape_metrics_s,
         )
         self._farm_task: asyncio.Task[None] | None = None
-        self.discovery: DnsDiscovery | None = None
+        self.discovery: Any = None  # a judge.discovery.DnsDiscovery with discovery: dns
         if settings.judge.discovery == "dns":
+            # Imported here: dnspython is needed only with DNS discovery.
+            from genrm_grpc.judge.discovery import DnsDiscovery
+
             self.discovery = DnsDiscovery(
                 settings.judge.url,
                 interval_s=settings.judge.discovery_interval_s,

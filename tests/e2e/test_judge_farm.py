@@ -187,6 +187,7 @@ def test_a_hanging_endpoint_costs_a_pass_its_hedge_point_not_the_request_timeout
             nodes,
             tmp_path,
             GENRM_JUDGE_MAX_CONCURRENCY="12",
+            GENRM_JUDGE__MAX_IN_FLIGHT="4",  # saturated: a hedge waits for a slot elsewhere
             GENRM_JUDGE_REQUEST_TIMEOUT_S="600",
             GENRM_JUDGE__HEDGE_MIN_SAMPLES="8",
             GENRM_JUDGE__HEDGE_FLOOR_S="0.3",
