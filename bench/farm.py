@@ -54,6 +54,11 @@ class FarmPlan:
     answer_bytes: int = 400
     variants: tuple[str, ...] = ("affinity", "round_robin", "hash", "l4")
     sick: bool = True
+    #: judge.max_in_flight per node: SLOTS = no queue at the nodes (routing is forced
+    #: by whichever node frees a slot); more leaves routing a choice.
+    in_flight_per_node: int = SLOTS
+    #: judge.scrape_metrics_s (None: off).
+    scrape_metrics_s: float | None = None
 
 
 QUICK = FarmPlan(groups=32, size=4, rounds=1, variants=("affinity", "round_robin"))
@@ -99,14 +104,23 @@ def _fresh(nodes: list[Node]) -> None:
         node.call("/stats/reset", {})
 
 
-def _server(name: str, variant: str, urls: list[str], logs: pathlib.Path) -> Proc:
+def _server(
+    name: str,
+    variant: str,
+    urls: list[str],
+    logs: pathlib.Path,
+    per_node: int = SLOTS,
+    scrape_s: float | None = None,
+) -> Proc:
     judge: dict[str, Any] = {"api": "chat_completions", "model": "bench-genrm"}
     if variant != "l4" and len(urls) > 1:
         judge["urls"] = urls
         judge["routing"] = variant
     # Per endpoint: its slots (the proxy stands for all four nodes).
-    judge["max_in_flight"] = SLOTS * NODES if variant == "l4" else SLOTS
+    judge["max_in_flight"] = per_node * NODES if variant == "l4" else per_node
     judge["max_connections"] = 256
+    if scrape_s is not None:
+        judge["scrape_metrics_s"] = scrape_s
     return start_service(
         name,
         urls[0],
@@ -140,7 +154,9 @@ def one_run(
             logs,
         )
         urls = [f"http://127.0.0.1:{proxy.port}"]
-    server = _server(f"farm-{tag}", variant, urls, logs)
+    server = _server(
+        f"farm-{tag}", variant, urls, logs, plan.in_flight_per_node, plan.scrape_metrics_s
+    )
     passes = plan.groups * plan.size
     try:
         started = time.perf_counter()
@@ -247,7 +263,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"{plan['converge_tokens']} ± {plan['converge_tokens'] // 10} tokens, 40 % at 1.8×), "
         f"prefill {plan['prefill_ms_per_token']:g} ms per uncached prompt token; one step of "
         f"{plan['groups']} groups × {plan['size']} (circular), every member in flight; "
-        f"`judge_max_concurrency` {SLOTS * NODES}; {plan['rounds']} rounds, variants "
+        f"`judge_max_concurrency` {SLOTS * NODES}, `judge.max_in_flight` "
+        f"{plan['in_flight_per_node']} per node"
+        + (
+            f", `judge.scrape_metrics_s` {plan['scrape_metrics_s']:g}"
+            if plan.get("scrape_metrics_s")
+            else ""
+        )
+        + f"; {plan['rounds']} rounds, variants "
         "interleaved. Median (min–max) of the rounds.",
         "",
         "| routing | makespan ÷ lower bound | target ≤ 1.11 | makespan s | slot occupancy "
@@ -300,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small step, one round")
     parser.add_argument("--rounds", type=int, help="rounds (default 3)")
     parser.add_argument("--groups", type=int, help="groups per step (default 128)")
+    parser.add_argument(
+        "--in-flight-per-node", type=int, help=f"judge.max_in_flight (default {SLOTS})"
+    )
+    parser.add_argument("--scrape-metrics-s", type=float, help="judge.scrape_metrics_s")
+    parser.add_argument("--variants", help="comma-separated subset of the variants")
+    parser.add_argument("--no-sick", action="store_true", help="skip the sick-node runs")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument(
         "--update-docs",
@@ -313,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
         plan = FarmPlan(**{**plan.__dict__, "rounds": args.rounds})
     if args.groups:
         plan = FarmPlan(**{**plan.__dict__, "groups": args.groups})
+    if args.in_flight_per_node:
+        plan = FarmPlan(**{**plan.__dict__, "in_flight_per_node": args.in_flight_per_node})
+    if args.variants:
+        plan = FarmPlan(**{**plan.__dict__, "variants": tuple(args.variants.split(","))})
+    if args.scrape_metrics_s:
+        plan = FarmPlan(**{**plan.__dict__, "scrape_metrics_s": args.scrape_metrics_s})
+    if args.no_sick:
+        plan = FarmPlan(**{**plan.__dict__, "sick": False})
     result = run(plan, pathlib.Path(args.logs))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=2))
