@@ -1100,7 +1100,8 @@ class JudgeClient:
                 # Every other endpoint is full: the hedge takes the first slot that
                 # frees (a farm at saturation must still get a hung request answered).
                 room = asyncio.ensure_future(self.farm.acquire(key, [primary, *tried]))
-                await asyncio.wait([first, room], return_when=asyncio.FIRST_COMPLETED)
+                racing: list[asyncio.Future[Any]] = [first, room]
+                await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
                 if first.done():
                     room.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
