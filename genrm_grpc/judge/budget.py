@@ -17,9 +17,10 @@ comparison whose every attempt was cut goes out with the full cap is the client'
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
+
+from genrm_grpc.judge.stats import Buckets, quantile
 
 
 class AdaptiveBudget:
@@ -66,9 +67,7 @@ class AdaptiveBudget:
             self._current = self._compute()
 
     def _compute(self) -> int:
-        ordered = sorted(self._lengths)
-        rank = min(len(ordered) - 1, max(0, math.ceil(self.quantile * len(ordered)) - 1))
-        budget = max(self.floor, math.ceil(ordered[rank] * self.margin))
+        budget = max(self.floor, math.ceil(quantile(self._lengths, self.quantile) * self.margin))
         return budget if self.cap is None else min(self.cap, budget)
 
     def current(self) -> int | None:
@@ -87,21 +86,19 @@ TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 4
 class TokenLedger:
     """Output tokens a judge client spent, read by the metrics at scrape time.
 
-    ``verdict_counts``/``verdict_sum``: a histogram of the output tokens of the attempt
+    ``per_verdict``: a histogram of the output tokens of the attempt
     that produced each verdict; ``wasted``: output tokens of attempts that produced none
     (runaways cut by a budget, unparseable answers); ``adaptive_cuts``: attempts that
     ran out of an adaptive budget below the configured cap.
     """
 
     def __init__(self) -> None:
-        self.verdict_counts = [0] * (len(TOKEN_BUCKETS) + 1)
-        self.verdict_sum = 0
+        self.per_verdict = Buckets(TOKEN_BUCKETS)
         self.wasted = 0
         self.adaptive_cuts = 0
 
     def verdict(self, output_tokens: int) -> None:
-        self.verdict_counts[bisect.bisect_left(TOKEN_BUCKETS, output_tokens)] += 1
-        self.verdict_sum += output_tokens
+        self.per_verdict.observe(output_tokens)
 
 
 __all__ = ["TOKEN_BUCKETS", "AdaptiveBudget", "TokenLedger"]

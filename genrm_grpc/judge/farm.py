@@ -40,13 +40,13 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
+from genrm_grpc.judge.stats import Buckets, quantile
+from genrm_grpc.observability.metrics import JUDGE_BUCKETS
+
 log = logging.getLogger(__name__)
 
 VNODES = 64
 """Points per endpoint on the hash ring: enough that keys spread evenly over a few nodes."""
-
-#: Upper bounds (seconds) of the per-endpoint latency histogram (the metrics' buckets).
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 LATENCY_SAMPLES = 256
 """Recent successful request latencies kept per endpoint (and farm-wide) for hedging."""
@@ -118,8 +118,8 @@ class Endpoint:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
-    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
-    latency_sum: float = 0.0
+    #: Answered requests' latencies, for the per-endpoint histogram.
+    latency: Buckets = field(default_factory=lambda: Buckets(JUDGE_BUCKETS))
 
     @property
     def takes_work(self) -> bool:
@@ -128,14 +128,6 @@ class Endpoint:
 
 def _point(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
-
-
-def quantile(values: Iterable[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        raise ValueError("no values")
-    rank = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
-    return ordered[rank]
 
 
 EventCallback = Callable[[str, Endpoint], None]
@@ -340,8 +332,7 @@ class Farm:
     def succeeded(self, endpoint: Endpoint, seconds: float) -> None:
         endpoint.consecutive_failures = 0
         endpoint.latencies.append(seconds)
-        endpoint.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        endpoint.latency_sum += seconds
+        endpoint.latency.observe(seconds)
         self.latencies.append(seconds)
         self._latency_count += 1
 
@@ -465,5 +456,4 @@ __all__ = [
     "Farm",
     "HedgePolicy",
     "OutlierPolicy",
-    "quantile",
 ]

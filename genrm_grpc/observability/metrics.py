@@ -274,21 +274,12 @@ class _TokenCollector(Collector):
         self._budget = budget
 
     def collect(self) -> Iterable[Metric]:
-        from genrm_grpc.judge.budget import TOKEN_BUCKETS
-
         ledger = self._ledger
         per_verdict = HistogramMetricFamily(
             "genrm_judge_verdict_output_tokens",
             "Output tokens of the judge attempt that produced each verdict.",
         )
-        cumulative = 0
-        buckets: list[tuple[str, float]] = []
-        for bound, count in zip(
-            (*(str(float(b)) for b in TOKEN_BUCKETS), "+Inf"), ledger.verdict_counts, strict=True
-        ):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        per_verdict.add_metric([], buckets, ledger.verdict_sum)
+        per_verdict.add_metric([], ledger.per_verdict.cumulative(), ledger.per_verdict.total)
         yield per_verdict
         yield _counter(
             "genrm_judge_wasted_output_tokens",
@@ -317,7 +308,7 @@ class _FarmCollector(Collector):
         self._farm = farm
 
     def collect(self) -> Iterable[Metric]:
-        from genrm_grpc.judge.farm import LATENCY_BUCKETS, EndpointState
+        from genrm_grpc.judge.farm import EndpointState
 
         endpoints = list(self._farm.endpoints)
         label = ["endpoint"]
@@ -384,14 +375,7 @@ class _FarmCollector(Collector):
             tokens.add_metric([e.display, "input"], e.input_tokens)
             tokens.add_metric([e.display, "output"], e.output_tokens)
             tokens.add_metric([e.display, "cached"], e.cached_tokens)
-            cumulative = 0
-            buckets: list[tuple[str, float]] = []
-            for bound, count in zip(
-                (*(str(float(b)) for b in LATENCY_BUCKETS), "+Inf"), e.latency_counts, strict=True
-            ):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            latency.add_metric(name, buckets, e.latency_sum)
+            latency.add_metric(name, e.latency.cumulative(), e.latency.total)
         affinity = CounterMetricFamily(
             "genrm_judge_affinity",
             "Judge requests with a cohort key: sent to the cohort's preferred endpoint "

@@ -11,7 +11,8 @@ import random
 
 import pytest
 
-from genrm_grpc.judge.farm import EndpointState, Farm, HedgePolicy, OutlierPolicy, quantile
+from genrm_grpc.judge.farm import EndpointState, Farm, HedgePolicy, OutlierPolicy
+from genrm_grpc.judge.stats import quantile
 from genrm_grpc.testing.clock import ManualClock
 
 URLS = [f"http://10.0.0.{n}:8000" for n in range(1, 5)]
