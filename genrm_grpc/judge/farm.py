@@ -315,18 +315,14 @@ class Farm:
             self._on_event("left", endpoint)
         self._wake()
 
-    def _wake(self) -> None:
+    def _wake(self, *, every: bool = False) -> None:
+        """Wake the first live waiter of ``acquire`` (``every``: all of them)."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                return
-
-    def _wake_all(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+                if not every:
+                    return
 
     # ------------------------------------------------------------------ outcomes
     def succeeded(self, endpoint: Endpoint, seconds: float) -> None:
@@ -373,14 +369,7 @@ class Farm:
         endpoint.state = EndpointState.EJECTED
         endpoint.consecutive_failures = 0
         endpoint.detail = why
-        log.warning(
-            "judge endpoint %s ejected for %gs: %s",
-            endpoint.display,
-            seconds,
-            why,
-            extra={"judge_url": endpoint.display, "judge_event": "ejected"},
-        )
-        self._on_event("ejected", endpoint)
+        self._announce(logging.WARNING, "ejected", endpoint, f"ejected for {seconds:g}s: {why}")
 
     def wrong_model(self, endpoint: Endpoint, detail: str) -> None:
         """The endpoint answers but does not serve the model: out until it does."""
@@ -390,13 +379,7 @@ class Farm:
         endpoint.state = EndpointState.WRONG_MODEL
         endpoint.detail = detail
         endpoint.ejections_total += 1
-        log.warning(
-            "judge endpoint %s taken out: %s",
-            endpoint.display,
-            detail,
-            extra={"judge_url": endpoint.display, "judge_event": "wrong_model"},
-        )
-        self._on_event("wrong_model", endpoint)
+        self._announce(logging.WARNING, "wrong_model", endpoint, f"taken out: {detail}")
 
     def readmit(self, endpoint: Endpoint, detail: str) -> None:
         if endpoint.state not in (EndpointState.EJECTED, EndpointState.WRONG_MODEL):
@@ -404,14 +387,19 @@ class Farm:
         endpoint.state = EndpointState.HEALTHY
         endpoint.consecutive_failures = 0
         endpoint.detail = detail
-        log.info(
-            "judge endpoint %s readmitted: %s",
+        self._announce(logging.INFO, "readmitted", endpoint, f"readmitted: {detail}")
+        self._wake(every=True)
+
+    def _announce(self, level: int, event: str, endpoint: Endpoint, text: str) -> None:
+        """The one log line of an ejection, a readmission or a wrong model, and the event."""
+        log.log(
+            level,
+            "judge endpoint %s %s",
             endpoint.display,
-            detail,
-            extra={"judge_url": endpoint.display, "judge_event": "readmitted"},
+            text,
+            extra={"judge_url": endpoint.display, "judge_event": event},
         )
-        self._on_event("readmitted", endpoint)
-        self._wake_all()
+        self._on_event(event, endpoint)
 
     def due_for_readmission_probe(self) -> list[Endpoint]:
         now = self._clock()
