@@ -158,6 +158,8 @@ class JudgeView(Protocol):
     backoff ceiling; it doubles per retry up to ``judge.max_retry_sleep_s`` and the actual
     wait is drawn uniformly below it (full jitter). ``judge_outage_tolerance_s`` and
     ``judge_hedge_after_s`` are described in the module docstring.
+    ``judge_max_concurrency`` (the runtime's bound on comparisons in flight) is the
+    farm's capacity in its load bound.
     """
 
     @property
@@ -176,6 +178,8 @@ class JudgeView(Protocol):
     def judge_outage_tolerance_s(self) -> float: ...
     @property
     def judge_hedge_after_s(self) -> float | None: ...
+    @property
+    def judge_max_concurrency(self) -> int: ...
 
 
 def judge_base_url(url: str) -> str:
@@ -510,6 +514,7 @@ class JudgeClient:
         self.farm = Farm(
             urls,
             max_in_flight=judge.in_flight_per_endpoint(),
+            capacity=config.judge_max_concurrency,
             display=lambda u: redact_url(u).rstrip("/"),
             load_factor=judge.affinity_load_factor,
             routing=judge.routing,

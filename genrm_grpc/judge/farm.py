@@ -14,7 +14,13 @@ hashing with bounded loads): when the preferred endpoint is over that bound, the
 one on the ring, the same for every pass of the cohort. So one cohort's passes stay on
 one node (whose prefix cache then holds the shared conversation) unless that node is
 busier than its share, and no node runs above ``load_factor`` × the mean — except at
-low load, where a node may hold up to ``load_factor`` × ``max_in_flight`` / farm size.
+low load, where a node may hold up to ``load_factor`` × the farm's share of ``capacity``
+(the most requests the farm is sent at once: ``judge_max_concurrency``, or the sum of the
+endpoints' ``max_in_flight`` when that is smaller) / farm size. The load is bounded from
+below once more than half the capacity is in flight: while an endpoint then holds fewer
+than (2 − ``load_factor``) × the mean, the next request goes to the least-loaded endpoint
+whatever its key, so no node idles behind a skew of the keys (with a few cohorts in
+flight, their hashes rarely split evenly).
 
 Passive outlier detection, in the manner of Envoy's: ``consecutive_failures`` failures
 in a row on one endpoint (connect errors, HTTP 5xx, request timeouts, requests that a
@@ -149,6 +155,7 @@ class Farm:
         *,
         max_in_flight: int,
         display: Callable[[str], str],
+        capacity: int | None = None,
         load_factor: float = 1.25,
         routing: str = "affinity",
         outliers: OutlierPolicy | None = None,
@@ -157,6 +164,8 @@ class Farm:
         on_event: EventCallback | None = None,
     ) -> None:
         self.max_in_flight = max_in_flight
+        #: The most requests in flight farm-wide (the caller's concurrency bound).
+        self.capacity = capacity
         self.load_factor = load_factor
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
@@ -253,13 +262,28 @@ class Farm:
             ordered = sorted(room, key=lambda e: e.url)
             return ordered[_point(key or "") % len(ordered)]
         total = sum(e.in_flight for e in room)
+        capacity = sum(e.max_in_flight for e in room)
+        if self.capacity is not None:
+            capacity = min(capacity, self.capacity)
+        least = min(room, key=lambda e: e.in_flight)
+        mean = (total + 1) / len(room)
+        if (
+            key is not None
+            and 2 * (total + 1) > capacity
+            and least.in_flight < (2 - self.load_factor) * mean
+        ):
+            # The lower bound, once the farm is over half its capacity: an endpoint well
+            # under the mean takes the next request, so a skew of the keys in flight does
+            # not leave a node idle while the others queue.
+            self.affinity_spilled += 1
+            return least
         # The bound of consistent hashing with bounded loads, with a floor for a farm at
-        # low load: below load_factor x (its capacity / farm size) an endpoint is never
-        # over its share (concentrating two requests on an idle farm costs nothing and
-        # keeps the cohort's prefix on one node).
+        # low load: below load_factor x (the farm's capacity / farm size) an endpoint is
+        # never over its share (two requests on a half-idle farm cost nothing extra and
+        # keep the cohort's prefix on one node).
         bound = max(
             math.ceil(self.load_factor * (total + 1) / len(room)),
-            math.ceil(self.load_factor * self.max_in_flight / len(room)),
+            math.ceil(self.load_factor * capacity / len(room)),
         )
         allowed = set(room)
         if key is not None and self._ring:

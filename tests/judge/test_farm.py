@@ -37,7 +37,7 @@ def test_one_cohorts_requests_prefer_one_endpoint_while_it_is_within_its_share()
 
 
 def test_no_endpoint_runs_above_the_load_factor_times_the_mean() -> None:
-    farm, _ = _farm(load_factor=1.25, max_in_flight=64)
+    farm, _ = _farm(load_factor=1.25, max_in_flight=64, capacity=64)
     rng = random.Random(7)
     low_load_floor = 1.25 * 64 / 4
     for n in range(240):
@@ -48,6 +48,25 @@ def test_no_endpoint_runs_above_the_load_factor_times_the_mean() -> None:
         mean = total / len(farm.endpoints)
         top = max(e.in_flight for e in farm.endpoints)
         assert top <= max(1.25 * mean + 1, low_load_floor), n
+
+
+def test_no_endpoint_idles_below_the_mean_behind_a_skew_of_the_keys_in_flight() -> None:
+    # Eight cohorts of four passes each, all keyed to the same preferred endpoint: a
+    # bound from above alone would leave it and its ring successor full and the others
+    # empty; the bound from below gives every endpoint at least (2 - 1.25) x the mean.
+    farm, _ = _farm(load_factor=1.25, max_in_flight=64, capacity=32)
+    preferred = farm.pick("seed")
+    keys = [k for k in (f"cohort-{n}" for n in range(10_000)) if farm.pick(k) is preferred][:8]
+    for key in keys:
+        for _ in range(4):
+            chosen = farm.pick(key)
+            assert chosen is not None
+            farm.take(chosen)
+    loads = [e.in_flight for e in farm.endpoints]
+    mean = sum(loads) / len(loads)
+    assert sum(loads) == 32 and min(loads) >= 0.75 * mean - 1, loads
+    assert max(loads) <= 1.25 * mean + 1, loads
+    assert farm.affinity_kept > farm.affinity_spilled
 
 
 def test_a_full_endpoint_takes_nothing_and_acquire_waits_for_a_release() -> None:
