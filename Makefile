@@ -64,12 +64,16 @@ GYM_VENV ?= build/gym-venv
 # integrations/openrlhf/genrm_reward.py, a live server and the fake judge. Its venv is
 # built once into $(OPENRLHF_VENV) (cold 1.5-2 min, 1.2 GB; see openrlhf-env.sh).
 OPENRLHF_VENV ?= build/openrlhf-venv
+# The verl suite: verl 0.9.1's reward loop (integrations/verl/verl-env.sh, cold 1-3 min).
+VERL_VENV ?= build/verl-venv
 
 test-integrations:
 	bash integrations/nemo_gym/gym-env.sh $(GYM_VENV)
 	PYTHONPATH=$(CURDIR):$(CURDIR)/clients/python $(GYM_VENV)/bin/python -m pytest -q -p no:cacheprovider integrations/nemo_gym
 	bash integrations/openrlhf/openrlhf-env.sh $(OPENRLHF_VENV)
 	PYTHONPATH=$(CURDIR):$(CURDIR)/clients/python $(OPENRLHF_VENV)/bin/python -m pytest -q -p no:cacheprovider integrations/openrlhf
+	bash integrations/verl/verl-env.sh $(VERL_VENV)
+	PYTHONPATH=$(CURDIR):$(CURDIR)/clients/python $(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider integrations/verl/tests
 
 demo: $(STAMP)
 	$(PY) -m genrm_grpc.cli demo
