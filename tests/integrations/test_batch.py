@@ -1,17 +1,13 @@
-"""Batch scoring for verl: real gRPC to a live server and the fake judge.
+"""The client package's batch scoring helpers: real gRPC to a live server and the fake judge.
 
-The frameworks themselves are not installed: their reward-function hooks are called
-with the signatures they document, from the example files in integrations/.
+(verl's and OpenRLHF's reward paths are tested under the installed frameworks:
+integrations/verl/tests and integrations/openrlhf/tests.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import pathlib
 from collections.abc import Iterator
-from types import ModuleType
-from typing import Any
 
 import pytest
 from genrm_cohort_client import (
@@ -25,7 +21,6 @@ from genrm_cohort_client import (
 from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 from tests.client.support import cohort_server, prewarm_pairs
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROMPTS = ["Name a prime number.", "What is the capital of France?"]
 ANSWERS = [
     ["Seven is a prime number.", "Four.", "Two is the only even prime number.", "Nine."],
@@ -37,21 +32,6 @@ ANSWERS = [
 def fake_judge() -> Iterator[FakeJudgeServer]:
     with FakeJudgeServer(FakeJudgeConfig()) as judge:
         yield judge
-
-
-def load_example(relative: str) -> ModuleType:
-    path = ROOT / relative
-    spec = importlib.util.spec_from_file_location(path.stem + "_" + path.parent.name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def close_clients(module: ModuleType) -> None:
-    for client in module._clients.values():
-        client.close()
-    module._clients.clear()
 
 
 async def test_score_groups_returns_input_order_rewards_equal_to_a_direct_stream(
@@ -125,38 +105,3 @@ def test_mismatched_inputs_are_value_errors() -> None:
         score_groups("127.0.0.1:1", PROMPTS, ANSWERS[:1])
     with pytest.raises(ValueError, match="mixes different prompts"):
         score_samples("127.0.0.1:1", ["a", "b"], ["x", "y"], group_keys=[1, 1])
-
-
-async def test_verl_compute_score_with_verls_batch_signature(fake_judge: FakeJudgeServer) -> None:
-    verl = load_example("integrations/verl/genrm_reward.py")
-    fake_judge.set_faults(fail_400_first_n=1)
-    prewarm_pairs(fake_judge, ANSWERS[0])
-    rows = [(p, a, {"question": p, "index": i}) for i, p in enumerate(PROMPTS) for a in ANSWERS[i]]
-    try:
-        async with cohort_server(fake_judge.url) as port:
-            target = f"127.0.0.1:{port}"
-            result: list[dict[str, Any]] = await asyncio.to_thread(
-                verl.compute_score,
-                data_sources=["genrm"] * len(rows),
-                solution_strs=[a for _, a, _ in rows],
-                ground_truths=[None] * len(rows),
-                extra_infos=[info for _, _, info in rows],
-                target=target,
-            )
-            fake_judge.set_faults(fail_400_first_n=0)
-            expected = await asyncio.to_thread(score_groups, target, PROMPTS[:1], ANSWERS[:1])
-    finally:
-        close_clients(verl)
-    assert [r["score"] for r in result[:4]] == expected.rewards[0]
-    assert [r["genrm_masked"] for r in result] == [0.0] * 4 + [1.0] * 4
-    assert [r["score"] for r in result[4:]] == [0.0] * 4  # wholly masked: all equal
-
-
-# (OpenRLHF's per-sample reward_func is tested under the installed OpenRLHF:
-# integrations/openrlhf/tests.)
-@pytest.mark.parametrize("example", ["integrations/verl/genrm_reward.py"])
-def test_docs_show_the_tested_example_code(example: str) -> None:
-    doc = (ROOT / "docs/integrations.md").read_text()
-    code = (ROOT / example).read_text()
-    body = code[code.index("from __future__") :]
-    assert body.strip() in doc, f"docs/integrations.md must show {example} as tested"
