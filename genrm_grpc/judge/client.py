@@ -932,7 +932,7 @@ class JudgeClient:
     ) -> Verdict:
         cfg = self._config
         attempt_no = tally.attempts
-        primary = await self.farm.acquire(key, tried)
+        primary = self.farm.try_acquire(key, tried) or await self.farm.acquire(key, tried)
         try:
             async with asyncio.timeout(cfg.judge_request_timeout_s):
                 reply = await self._send(body, attempt_no, primary, key, tried)

@@ -238,6 +238,13 @@ class Farm:
     # ------------------------------------------------------------------ routing
     def pick(self, key: str | None, avoid: Collection[Endpoint] = ()) -> Endpoint | None:
         """The endpoint for the next request, or None when every candidate is full."""
+        if len(self.endpoints) == 1:
+            # A farm of one (the common single-URL deployment): whatever its health or
+            # what was avoided, it is the only place to send; only its limit applies.
+            only = self.endpoints[0]
+            if only.state is EndpointState.DRAINING or only.in_flight >= only.max_in_flight:
+                return None
+            return only
         candidates = [e for e in self.endpoints if e.takes_work and e not in avoid]
         if not candidates:
             candidates = self.healthy()  # every healthy one was avoided: reuse them
@@ -314,6 +321,13 @@ class Farm:
     def take(self, endpoint: Endpoint) -> None:
         endpoint.in_flight += 1
         endpoint.requests += 1
+
+    def try_acquire(self, key: str | None, avoid: Collection[Endpoint] = ()) -> Endpoint | None:
+        """``acquire`` without waiting: the endpoint, counted, or None when all are full."""
+        endpoint = self.pick(key, avoid)
+        if endpoint is not None:
+            self.take(endpoint)
+        return endpoint
 
     async def acquire(self, key: str | None, avoid: Collection[Endpoint] = ()) -> Endpoint:
         """Pick an endpoint and count the request on it, waiting while all are full."""

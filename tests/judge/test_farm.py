@@ -92,6 +92,16 @@ def test_a_retry_avoids_the_endpoint_that_failed_unless_it_is_the_only_one() -> 
     assert single.pick("k", [only]) is only
 
 
+def test_a_farm_of_one_sends_to_its_endpoint_whatever_its_health_until_its_limit() -> None:
+    farm, _ = _farm(URLS[:1], max_in_flight=2)
+    only = farm.endpoints[0]
+    farm.wrong_model(only, "serves other-model")  # out, but there is nowhere else to send
+    assert farm.try_acquire("k") is only and farm.try_acquire(None, [only]) is only
+    assert farm.try_acquire("k") is None and only.in_flight == 2
+    farm.release(only)
+    assert farm.pick("k") is only
+
+
 def test_consecutive_failures_eject_for_a_time_that_grows_with_each_ejection() -> None:
     farm, clock = _farm(outliers=OutlierPolicy(consecutive_failures=3, base_ejection_s=30))
     sick = farm.endpoints[0]
