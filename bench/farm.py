@@ -1,7 +1,8 @@
 """Judge farm bench (simulated): routing policies over four fake-judge farm nodes.
 
-``python -m bench.farm [--quick] [--rounds N] [--json PATH]``; also ``make bench``'s
-``farm`` section. Every process is separate: four ``genrm-grpc fake-judge`` farm nodes
+``python -m bench.farm [--quick] [--rounds N] [--json PATH]``; ``make bench`` runs
+``--all``: the three configurations of its "Judge farm" section (``SECTIONS``).
+Every process is separate: four ``genrm-grpc fake-judge`` farm nodes
 (``--slots 8``, bimodal output lengths: 60 % converge at A tokens, 40 % run 1.8× longer,
 a prefix-cache model with a prefill cost per uncached prompt token), one ``genrm-grpc
 serve`` per run, the load generator (``bench/loadgen.py``: one step of G groups × 16,
@@ -318,6 +319,75 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: The three configurations of ``make bench``'s section (``--all``): the recommended
+#: sizing (every routing, then the sick node), and two with room for the routing to
+#: choose, where the misses are (heading, the equivalent command's flags, the plan).
+SECTIONS: tuple[tuple[str, str, FarmPlan], ...] = (
+    ("Sized as recommended: `judge.max_in_flight` = the node's slots", "", FarmPlan()),
+    (
+        "With headroom: `judge.max_in_flight` 16 per node (twice its slots)",
+        " --in-flight-per-node 16 --variants affinity,round_robin,hash --no-sick --rounds 2",
+        FarmPlan(
+            in_flight_per_node=16,
+            variants=("affinity", "round_robin", "hash"),
+            sick=False,
+            rounds=2,
+        ),
+    ),
+    (
+        "With headroom and vLLM metrics scraped every 0.2 s",
+        " --in-flight-per-node 16 --scrape-metrics-s 0.2 --variants affinity,round_robin"
+        " --no-sick --rounds 2",
+        FarmPlan(
+            in_flight_per_node=16,
+            scrape_metrics_s=0.2,
+            variants=("affinity", "round_robin"),
+            sick=False,
+            rounds=2,
+        ),
+    ),
+)
+
+
+def findings(result: dict[str, Any]) -> str:
+    """What the table says, in words, from its own figures (no hand-written numbers)."""
+    summary = result["summary"]
+    lines = []
+    met = [k for k in summary if k != "sick" and summary[k]["ratio"]["median"] <= 1 / 0.9]
+    missed = [k for k in summary if k != "sick" and k not in met]
+    if not missed:
+        cached = [summary[k]["cached_share"]["median"] for k in summary if k != "sick"]
+        lines.append(
+            "Every routing meets the healthy target; their prefix-cache hit shares lie "
+            f"within {min(cached):.0%}–{max(cached):.0%}."
+        )
+    for key in missed:
+        others = [k for k in summary if k not in ("sick", key)]
+        if not others:
+            lines.append(f"✘ `{key}` misses the healthy target.")
+            continue
+        best = min(others, key=lambda k: summary[k]["ratio"]["median"])
+        s, b = summary[key], summary[best]
+        lines.append(
+            f"✘ `{key}` misses the healthy target: {s['ratio']['median']:.2f}× the lower "
+            f"bound, slot occupancy {s['occupancy']['median']:.2f} against "
+            f"{b['occupancy']['median']:.2f} for `{best}`, prefix-cache hit share "
+            f"{s['cached_share']['median']:.0%} against {b['cached_share']['median']:.0%}."
+        )
+    if "sick" in summary:
+        s = summary["sick"]
+        lines.append(
+            f"One node hanging mid-run: {s['ratio']['median']:.2f}× the healthy three's "
+            f"lower bound, {s['masked']['max']:.0f} members masked, "
+            f"{s['extra_requests_pct']['median']:.1f} % of passes cost a second request."
+        )
+    lines.append(
+        "Why, and what it means for sizing: "
+        "[judge-farm.md](judge-farm.md#what-the-farm-bench-shows)."
+    )
+    return "\n\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.farm", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a small step, one round")
@@ -336,7 +406,14 @@ def main(argv: list[str] | None = None) -> int:
         help="write the section into this page (docs/performance.md), between its markers",
     )
     parser.add_argument("--logs", default="build/bench/farm", help="process logs")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="run the three configurations of make bench's section (ignores the plan flags)",
+    )
     args = parser.parse_args(argv)
+    if args.all:
+        return _all(args)
     plan = QUICK if args.quick else FarmPlan()
     if args.rounds:
         plan = FarmPlan(**{**plan.__dict__, "rounds": args.rounds})
@@ -360,6 +437,33 @@ def main(argv: list[str] | None = None) -> int:
         command = "python -m bench.farm" + (" --quick" if args.quick else "")
         body = f"## Judge farm (simulated)\n\n`{command}` (part of `make bench`).\n\n{text}\n"
         page.write_text(write_section(page.read_text(), "judge-farm", body))
+    return 0
+
+
+def _all(args: argparse.Namespace) -> int:
+    parts = [
+        "## Judge farm (simulated)",
+        "`python -m bench.farm --all` (part of `make bench`). Every figure comes from "
+        "fake-judge farm nodes on a 2-core machine: simulated generation, not a GPU "
+        "measurement.",
+    ]
+    results = []
+    for heading, flags, plan in SECTIONS:
+        result = run(plan, pathlib.Path(args.logs))
+        results.append(result)
+        parts += [
+            f"### {heading}",
+            f"`python -m bench.farm{flags}`",
+            markdown(result),
+            findings(result),
+        ]
+    text = "\n\n".join(parts) + "\n"
+    print(text)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.update_docs:
+        page = pathlib.Path(args.update_docs)
+        page.write_text(write_section(page.read_text(), "judge-farm", text))
     return 0
 
 

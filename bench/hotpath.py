@@ -60,8 +60,8 @@ def _server() -> CohortServer:
         num_rollouts_per_prompt=16,
         max_terminal_cohorts=1_000_000,
     )
-    server = CohortServer(settings)
-    server.runtime._judge = InstantJudge()  # no HTTP: the service's own work only
+    # An instant judge, no HTTP: the service's own work only.
+    server = CohortServer(settings, judge_backend=InstantJudge())
     return server
 
 

@@ -7,13 +7,12 @@ generator, it survives ``make bench``, which copies it from the old file into th
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from bench.util import md_table
+from bench.util import mark, md_table, num
 
 KEPT_SECTIONS = ("judge-client", "hot-path", "judge-farm")
 TARGETS = {
@@ -79,16 +78,6 @@ def keep_sections(new: str, old: str | None) -> str:
     return out
 
 
-def _f(value: float | None, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:,.{digits}f}"
-
-
-def _mark(ok: bool) -> str:
-    return "✔" if ok else "✘"
-
-
 def _spread(s: dict[str, Any], digits: int = 2, unit: str = "×") -> str:
     return f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
@@ -107,8 +96,8 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
             rows.append(
                 [
                     "server CPU per judge call ≤ 300 µs at C = 64",
-                    f"{_f(cpu, 0)} µs (baseline {_f(base, 0)} µs)",
-                    _mark(cpu <= TARGETS["cpu_per_judge_call_us"])
+                    f"{num(cpu, 0)} µs (baseline {num(base, 0)} µs)",
+                    mark(cpu <= TARGETS["cpu_per_judge_call_us"])
                     + ("" if cpu <= TARGETS["cpu_per_judge_call_us"] else f" ({budget})"),
                 ]
             )
@@ -121,7 +110,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                 [
                     f"judge saturation ≥ 0.85× C/L at C = {c} (L = {sat['latency_ms']:.0f} ms)",
                     _spread(s["saturation"]),
-                    _mark(ok) + ("" if ok else f" ({budget})"),
+                    mark(ok) + ("" if ok else f" ({budget})"),
                 ]
             )
         never = all(sat["summary"][f"service-{c}"]["max_in_flight"] <= c for c in sat["levels"])
@@ -132,7 +121,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                     f"C={c}: {sat['summary'][f'service-{c}']['max_in_flight']}"
                     for c in sat["levels"]
                 ),
-                _mark(never),
+                mark(never),
             ]
         )
     thr = out.get("throughput")
@@ -144,7 +133,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                 [
                     f"{api} ≥ {TARGETS[api]}× the echo-plus-judge baseline (16-member groups)",
                     _spread(r),
-                    _mark(ok) + ("" if ok else f" ({prof})"),
+                    mark(ok) + ("" if ok else f" ({prof})"),
                 ]
             )
     single = out.get("single")
@@ -156,7 +145,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                 [
                     f"1-member groups, {api} ≥ 0.6× a bare echo",
                     _spread(r),
-                    _mark(ok) + ("" if ok else f" ({prof})"),
+                    mark(ok) + ("" if ok else f" ({prof})"),
                 ]
             )
     ret = out.get("retained")
@@ -168,7 +157,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
             [
                 f"p99 at {hi:,} retained ≤ 1.2× p99 at {lo:,}",
                 _spread(r) + f"; pooled {ret['pooled_ratio_p99']:.2f}×",
-                _mark(ok),
+                mark(ok),
             ]
         )
     store = out.get("store")
@@ -180,7 +169,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                 [
                     f"{api} with the SQLite store ≥ 0.8× `memory://` (16-member groups)",
                     _spread(r),
-                    _mark(ok) + ("" if ok else " (§11)"),
+                    mark(ok) + ("" if ok else " (§11)"),
                 ]
             )
         rec = store["recovery"]
@@ -191,7 +180,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                 f"restart with {rec['retained']:,} retained + {rec['active']} active cohorts "
                 "< 2 s (exec → first answered GetCohort)",
                 _spread(first, 2, " s"),
-                _mark(ok),
+                mark(ok),
             ]
         )
     return rows
@@ -207,11 +196,11 @@ def _side_rows(summary: dict[str, Any], sides: Sequence[str]) -> list[list[str]]
                 [
                     f"{api} · {side}",
                     _spread(s["members_per_s"], 0, ""),
-                    _f(s["cpu_us_per_member"]["median"], 0),
-                    _f(s["cpu_us_per_judge_call"]["median"], 0),
-                    _f(s["judge_calls_per_member"]["median"], 2),
-                    _f(s["member_p50_ms"]["median"]),
-                    _f(s["member_p99_ms"]["median"]),
+                    num(s["cpu_us_per_member"]["median"], 0),
+                    num(s["cpu_us_per_judge_call"]["median"], 0),
+                    num(s["judge_calls_per_member"]["median"], 2),
+                    num(s["member_p50_ms"]["median"]),
+                    num(s["member_p99_ms"]["median"]),
                 ]
             )
     return rows
@@ -293,12 +282,12 @@ def saturation_section(out: dict[str, Any]) -> str:
             rows.append(
                 [
                     f"C = {c} · {side}",
-                    _f(c / (sat["latency_ms"] / 1e3), 0),
+                    num(c / (sat["latency_ms"] / 1e3), 0),
                     _spread(s["pairs_per_s"], 0, ""),
                     _spread(s["saturation"]),
                     str(s["max_in_flight"]),
-                    _f(s["cpu_us_per_judge_call"]["median"], 0),
-                    _f(
+                    num(s["cpu_us_per_judge_call"]["median"], 0),
+                    num(
                         statistics.median(
                             r["server_cpu_share"]
                             for r in sat["rows"]
@@ -355,10 +344,10 @@ def cpu_budget(out: dict[str, Any]) -> list[str]:
     for c in sat["levels"]:
         ideal = c / (sat["latency_ms"] / 1e3)
         need = 1e6 / ideal
-        cells = [f"C = {c}", _f(ideal, 0), _f(need, 0)]
+        cells = [f"C = {c}", num(ideal, 0), num(need, 0)]
         for side in ("service", "baseline"):
             cpu = sat["summary"][f"{side}-{c}"]["cpu_us_per_judge_call"]["median"]
-            cells.append(f"{_f(cpu, 0)} µs → {_f(1e6 / cpu / ideal, 2)}×")
+            cells.append(f"{num(cpu, 0)} µs → {num(1e6 / cpu / ideal, 2)}×")
         rows.append(cells)
     lines += [
         md_table(
@@ -378,7 +367,7 @@ def cpu_budget(out: dict[str, Any]) -> list[str]:
     if single:
         echo = single["summary"]["SubmitMember"]["echo"]["cpu_us_per_member"]["median"]
         floor = (
-            f" A bare grpc.aio echo of one SubmitMember costs {_f(echo, 0)} µs of server CPU "
+            f" A bare grpc.aio echo of one SubmitMember costs {num(echo, 0)} µs of server CPU "
             "in this run (§2) before any judge request is sent, and every judge call here "
             "carries one member (circular pairs: one call per member)."
         )
@@ -387,7 +376,7 @@ def cpu_budget(out: dict[str, Any]) -> list[str]:
         base = base64["cpu_us_per_judge_call"]["median"]
         floor += (
             " The baseline (bare grpc.aio plus one aiohttp request per call, no cohort "
-            f"logic) costs {_f(base, 0)} µs per call at C = 64"
+            f"logic) costs {num(base, 0)} µs per call at C = 64"
             + (
                 ": the ≤ 300 µs target is below what this work costs in Python on this "
                 "machine in this run, whichever side does it."
@@ -414,12 +403,12 @@ def retained_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> st
         rows.append(
             [
                 f"{n:,}",
-                _f(ret["prefill_s"][f"retained-{n}"]),
-                _f(s["member_p50_ms"]["median"]),
+                num(ret["prefill_s"][f"retained-{n}"]),
+                num(s["member_p50_ms"]["median"]),
                 _spread(s["member_p99_ms"], 1, ""),
-                _f(s["pooled_p99_ms"]),
-                _f(s["member_max_ms"]["max"]),
-                _f(s["cpu_us_per_member"]["median"], 0),
+                num(s["pooled_p99_ms"]),
+                num(s["member_max_ms"]["max"]),
+                num(s["cpu_us_per_member"]["median"], 0),
             ]
         )
     r = ret["ratio_p99"]
@@ -516,20 +505,20 @@ def profile_section(out: dict[str, Any]) -> str:
             lines.append(f"py-spy failed: {p['error']}")
             continue
         lines.append(
-            f"{p['samples']:,} samples; server CPU {_f(p['cpu_us_per_member'], 0)} µs per member."
+            f"{p['samples']:,} samples; server CPU {num(p['cpu_us_per_member'], 0)} µs per member."
         )
         lines += [
             "",
-            md_table(["where the samples are", "%"], [[c, _f(k)] for c, k in p["categories"]]),
+            md_table(["where the samples are", "%"], [[c, num(k)] for c, k in p["categories"]]),
             "",
             md_table(
                 ["top self (function)", "%", "top project functions (inclusive)", "%"],
                 [
                     [
                         s[0] if s else "",
-                        _f(s[1]) if s else "",
+                        num(s[1]) if s else "",
                         i[0] if i else "",
-                        _f(i[1]) if i else "",
+                        num(i[1]) if i else "",
                     ]
                     for s, i in _zip_longest(p["self"][:10], p.get("project", [])[:10])
                 ],
@@ -558,8 +547,8 @@ def profile_findings(out: dict[str, Any]) -> list[str]:
             svc = sat["service-64"]["cpu_us_per_judge_call"]["median"]
             base = sat["baseline-64"]["cpu_us_per_judge_call"]["median"]
             gap = (
-                f" At C = 64 the service spends {_f(svc, 0)} µs per judge call and the "
-                f"baseline {_f(base, 0)} µs for the same requests; the {_f(svc - base, 0)} µs "
+                f" At C = 64 the service spends {num(svc, 0)} µs per judge call and the "
+                f"baseline {num(base, 0)} µs for the same requests; the {num(svc - base, 0)} µs "
                 "between them is the cohort work the baseline skips (validation, digests, "
                 "the registry, the runtime's timers, waiters and per-pair tasks, metrics), "
                 "and everything below the baseline's figure is gRPC, asyncio and aiohttp "
@@ -624,15 +613,15 @@ def same_work_findings(out: dict[str, Any]) -> list[str]:
                 return 1e6 / float(s["cpu_us_per_judge_call"]["median"]) / ideal
 
             found.append(
-                f"- **Saturation at C = {c}** ({_f(svc['saturation']['median'], 2)}×): the "
+                f"- **Saturation at C = {c}** ({num(svc['saturation']['median'], 2)}×): the "
                 f"server process used {cores(svc):.2f} cores of CPU in the window, i.e. all "
                 "that one event loop with one GIL can use: it is CPU-bound, not short of "
                 f"concurrency (the judge saw {svc['max_in_flight']} in flight). At "
-                f"{_f(svc['cpu_us_per_judge_call']['median'], 0)} µs per call one whole core "
+                f"{num(svc['cpu_us_per_judge_call']['median'], 0)} µs per call one whole core "
                 f"allows {allowed(svc):.2f}× of C/L; the baseline, doing the same requests "
-                f"without the cohort work, costs {_f(base['cpu_us_per_judge_call']['median'], 0)}"
+                f"without the cohort work, costs {num(base['cpu_us_per_judge_call']['median'], 0)}"
                 f" µs per call ({cores(base):.2f} cores), which one core allows to reach "
-                f"{allowed(base):.2f}×, and reached {_f(base['saturation']['median'], 2)}×."
+                f"{allowed(base):.2f}×, and reached {num(base['saturation']['median'], 2)}×."
             )
     pairs = (
         ("throughput", "baseline", "16-member groups vs the echo-plus-judge baseline", None),
@@ -651,10 +640,10 @@ def same_work_findings(out: dict[str, Any]) -> list[str]:
                 continue
             a, b = _cpu(summary, mine), _cpu(summary, other)
             found.append(
-                f"- **{api}, {what}** ({ratio:.2f}×): {_f(a, 0)} µs of server CPU per member "
-                f"against {_f(b, 0)} µs on the other side of the same work in this run, a CPU "
+                f"- **{api}, {what}** ({ratio:.2f}×): {num(a, 0)} µs of server CPU per member "
+                f"against {num(b, 0)} µs on the other side of the same work in this run, a CPU "
                 f"ratio of {b / a:.2f}×: on the two shared cores the server's CPU per member "
-                f"sets the pace. The {_f(a - b, 0)} µs between them is "
+                f"sets the pace. The {num(a - b, 0)} µs between them is "
                 + (
                     "the store: each member, journaled pass, header, tombstone and "
                     "watermark inserted and committed (fsync) by the writer thread, which "
@@ -721,8 +710,8 @@ def store_section(out: dict[str, Any]) -> str:
         for side in t["sides"]
     }
     lines += [
-        f"- Server CPU per member (SubmitMember): {_f(cpu.get('sqlite'), 0)} µs with SQLite, "
-        f"{_f(cpu.get('memory'), 0)} µs in memory. Where it goes (a `py-spy record "
+        f"- Server CPU per member (SubmitMember): {num(cpu.get('sqlite'), 0)} µs with SQLite, "
+        f"{num(cpu.get('memory'), 0)} µs in memory. Where it goes (a `py-spy record "
         "--threads` of the SQLite server under this load, taken by hand): about a quarter "
         "of the samples are in the store's writer thread, half of those in `COMMIT` (the "
         "WAL write and its fsync), the rest in the inserts (each member with its answer "

@@ -49,9 +49,9 @@ from typing import Any
 import redis
 
 from bench.launch import Judge, LoadGen, Proc, cpu_seconds, start_replicas
-from bench.mpreport import HEADERS, _f, _mark, _spread
+from bench.mpreport import HEADERS, _spread
 from bench.multiproc import APIS, MultiPlan, spread
-from bench.util import md_table
+from bench.util import mark, md_table, num
 from genrm_grpc.testing.redis_server import RedisServer
 
 SIDES = ("memory", "redis-1", "redis-3")
@@ -256,7 +256,7 @@ def section_replicas(
                         f"{row['members_per_s']:,.0f} members/s, p99 "
                         f"{row['member_p99_ms']:.1f} ms, server CPU "
                         f"{row['cpu_us_per_member']:.0f} µs/member, Redis "
-                        f"{_f(trips, 2)} round trips/member",
+                        f"{num(trips, 2)} round trips/member",
                         flush=True,
                     )
     finally:
@@ -329,7 +329,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                 f"{api}: one replica on Redis ≥ 0.5× the same replica on `memory://` "
                 "(16-member groups)",
                 _spread(r) + f"; {trips:.2f} Redis round trips/member",
-                _mark(ok) + ("" if ok else " (§12)"),
+                mark(ok) + ("" if ok else " (§12)"),
             ]
         )
     return rows
@@ -364,11 +364,11 @@ def markdown(out: dict[str, Any]) -> str:
                 [
                     f"{api} · {side}",
                     _spread(s["members_per_s"], 0, ""),
-                    _f(s["cpu_us_per_member"]["median"], 0),
-                    _f(s["redis_cpu_us_per_member"]["median"], 0),
-                    _f(s["judge_calls_per_member"]["median"], 2),
-                    _f(s["member_p50_ms"]["median"]),
-                    _f(s["member_p99_ms"]["median"]),
+                    num(s["cpu_us_per_member"]["median"], 0),
+                    num(s["redis_cpu_us_per_member"]["median"], 0),
+                    num(s["judge_calls_per_member"]["median"], 2),
+                    num(s["member_p50_ms"]["median"]),
+                    num(s["member_p99_ms"]["median"]),
                 ]
                 for api in APIS
                 for side in rep["sides"]
@@ -399,11 +399,11 @@ def markdown(out: dict[str, Any]) -> str:
                 [
                     f"{api} · {side}",
                     _spread(s["redis_round_trips_per_member"], 2, ""),
-                    _f(s["redis_reads_per_member"]["median"], 2),
-                    _f(s["redis_calls_per_member"].get("hmget", 0.0), 2),
-                    _f(s["redis_scripts_per_member"]["median"], 2),
+                    num(s["redis_reads_per_member"]["median"], 2),
+                    num(s["redis_calls_per_member"].get("hmget", 0.0), 2),
+                    num(s["redis_scripts_per_member"]["median"], 2),
                     _spread(s["redis_commands_per_member"], 1, ""),
-                    _f(s["redis_pushes_per_member"]["median"], 2),
+                    num(s["redis_pushes_per_member"]["median"], 2),
                 ]
                 for api in APIS
                 for side in rep["sides"]

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench import mpreport, replicas
-from bench.util import md_table
+from bench.util import mark, md_table, num
 
 KIB = 1024.0
 TARGETS = {
@@ -22,16 +22,6 @@ TARGETS = {
     "retained_ratio": 1.2,
     "tombstone_bytes": 2 * KIB,
 }
-
-
-def _f(value: float, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:,.{digits}f}"
-
-
-def _met(ok: bool) -> str:
-    return "✔" if ok else "✘"
 
 
 # ----------------------------------------------------------------------------- plots
@@ -113,7 +103,7 @@ def targets(out: dict[str, Any]) -> list[list[str]]:
             [
                 "judge calls = 1.000× ideal under a retry storm",
                 f"{s['ratio']:.3f}× ({s['judge_calls']:,} / {s['judge_calls_ideal']:,})",
-                _met(s["judge_calls"] == s["judge_calls_ideal"]),
+                mark(s["judge_calls"] == s["judge_calls_ideal"]),
             ]
         )
     if "eager" in out:
@@ -121,9 +111,9 @@ def targets(out: dict[str, Any]) -> list[list[str]]:
         rows.append(
             [
                 "eager post-collection median ≤ 0.5× after_collection's",
-                f"{e['ratio']:.2f}× ({_f(e['post_median_ms']['eager'], 0)} vs "
-                f"{_f(e['post_median_ms']['after_collection'], 0)} ms)",
-                _met(e["ratio"] <= TARGETS["eager_ratio"]),
+                f"{e['ratio']:.2f}× ({num(e['post_median_ms']['eager'], 0)} vs "
+                f"{num(e['post_median_ms']['after_collection'], 0)} ms)",
+                mark(e["ratio"] <= TARGETS["eager_ratio"]),
             ]
         )
     if "core_ratio" in out:
@@ -134,7 +124,7 @@ def targets(out: dict[str, Any]) -> list[list[str]]:
                 f"per-request latency {core[-1]['retained']:,} vs {core[0]['retained']:,} "
                 "retained ≤ 1.2×",
                 f"{r:.2f}× (mean), p50 {out['core_ratio'].get('p50', math.nan):.2f}×",
-                _met(r <= TARGETS["retained_ratio"]),
+                mark(r <= TARGETS["retained_ratio"]),
             ]
         )
     if "memory" in out:
@@ -143,7 +133,7 @@ def targets(out: dict[str, Any]) -> list[list[str]]:
             [
                 "memory per tombstone ≤ 2 KiB",
                 f"{m / KIB:.1f} KiB",
-                _met(m <= TARGETS["tombstone_bytes"]),
+                mark(m <= TARGETS["tombstone_bytes"]),
             ]
         )
     return rows
@@ -234,10 +224,10 @@ def eager_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
     rows = [
         [
             schedule,
-            _f(e["post_median_ms"][schedule], 0),
-            _f(e["post_p90_ms"][schedule], 0),
-            _f(e["total_median_ms"][schedule], 0),
-            _f(e["judge_requests_per_group"][schedule], 2),
+            num(e["post_median_ms"][schedule], 0),
+            num(e["post_p90_ms"][schedule], 0),
+            num(e["total_median_ms"][schedule], 0),
+            num(e["judge_requests_per_group"][schedule], 2),
         ]
         for schedule in ("eager", "after_collection")
     ]
@@ -295,11 +285,11 @@ def core_section(out: dict[str, Any], plots: dict[str, str], rel: str) -> str:
     rows = [
         [
             f"{c['retained']:,}",
-            _f(c["mean_us"], 2),
-            _f(c["p50_us"], 2),
-            _f(c["p99_us"], 2),
-            *(_f(c["by_kind_mean_us"][k], 2) for k in kinds),
-            _f(c["examined_per_request"], 2),
+            num(c["mean_us"], 2),
+            num(c["p50_us"], 2),
+            num(c["p99_us"], 2),
+            *(num(c["by_kind_mean_us"][k], 2) for k in kinds),
+            num(c["examined_per_request"], 2),
         ]
         for c in core
     ]

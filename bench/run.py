@@ -49,7 +49,7 @@ from bench.service import (
     StormPlan,
     bench_eager,
     bench_storm,
-    stream_limit,
+    start_service,
 )
 from bench.util import machine_info, percentile, ratio, table
 from genrm_grpc.cohort.identity import CandidateInput, resolve
@@ -65,8 +65,7 @@ from genrm_grpc.cohort.model import (
     Tombstone,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition
-from genrm_grpc.config import Settings, load_settings
-from genrm_grpc.server.app import CohortServer
+from genrm_grpc.config import Settings
 from genrm_grpc.store.base import CohortStore
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
@@ -458,23 +457,6 @@ async def run_groups(
     return latencies
 
 
-async def start_server(judge_url: str, **overrides: Any) -> tuple[CohortServer, CohortClient]:
-    settings = load_settings(
-        listen="127.0.0.1:0",
-        judge={"url": judge_url},
-        **stream_limit(),
-        genrm_parse_retry_sleep_s=0.01,
-        shutdown_grace_s=1.0,
-        # In-process micro-benchmarks of the service's own work: no store file (the
-        # default would be genrm-state.sqlite3 in the working directory, replaying the
-        # previous run's groups). The store's cost is the multi-process `store` section.
-        **{"store": "memory://", **overrides},
-    )
-    server = CohortServer(settings)
-    port = await server.start()
-    return server, CohortClient(f"127.0.0.1:{port}")
-
-
 # ----------------------------------------------------------------------------- schedule
 @dataclass(slots=True)
 class ScheduleResult:
@@ -494,12 +476,13 @@ async def bench_schedule(plan: Plan) -> ScheduleResult:
     size = plan.group_size
     config = FakeJudgeConfig(latency_ms=plan.sched_latency_ms, seed=plan.seed)
     with FakeJudgeServer(config) as judge:
-        server, client = await start_server(
-            judge.url,
-            num_rollouts_per_prompt=size,
-            comparison_strategy="circular",
+        server = await start_service(
+            None,
+            group_size=size,
+            judge_url=judge.url,
             judge_max_concurrency=plan.sched_concurrency,
         )
+        client = CohortClient(f"127.0.0.1:{server.port}")
         try:
             # Open the gRPC channel and the judge connections before timing.
             await run_groups(client, prefix="warmup", groups=2, in_flight=2, size=size)

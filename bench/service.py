@@ -112,7 +112,8 @@ async def start_service(
     judge_url: str = NO_JUDGE_URL,
     **overrides: Any,
 ) -> CohortServer:
-    """A CohortServer on 127.0.0.1:0; ``judge`` (if not None) replaces the HTTP judge."""
+    """The one in-process server of the benchmarks: a CohortServer on 127.0.0.1:0, groups
+    of ``group_size``, circular; ``judge`` (if not None) replaces the HTTP judge."""
     settings = load_settings(
         listen="127.0.0.1:0",
         judge={"url": judge_url},
@@ -126,9 +127,7 @@ async def start_service(
         # previous run's groups). The store's cost is the multi-process `store` section.
         **{"store": "memory://", **overrides},
     )
-    server = CohortServer(settings)
-    if judge is not None:
-        server.runtime._judge = judge
+    server = CohortServer(settings, judge_backend=judge)
     await server.start()
     return server
 

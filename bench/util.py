@@ -22,6 +22,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def num(value: float | None, digits: int = 1) -> str:
+    """A figure for a report table: thousands separated, ``n/a`` for a missing one."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def mark(ok: bool) -> str:
+    """A target's cell: met or missed."""
+    return "✔" if ok else "✘"
+
+
 def ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 

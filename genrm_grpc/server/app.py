@@ -28,7 +28,7 @@ from genrm_grpc.observability.hooks import (
     RuntimeObserver,
 )
 from genrm_grpc.observability.metrics import MetricsEndpoint, ServerMetrics
-from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.engine import CohortRuntime, JudgeBackend
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.documented_reflection import enable_documented_reflection
 from genrm_grpc.server.interceptors import UndecodableRequestInterceptor
@@ -162,9 +162,18 @@ def check_listen(listen: str, *, reuse_port: bool, what: str = "listen") -> None
 class CohortServer:
     """One running server. ``start()`` binds; ``stop()`` drains and shuts down."""
 
-    def __init__(self, settings: Settings, *, tracer_provider: Any = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        tracer_provider: Any = None,
+        judge_backend: JudgeBackend | None = None,
+    ) -> None:
         """``tracer_provider`` (an OpenTelemetry SDK TracerProvider) replaces the one that
-        ``tracing.exporter`` would build; it is used only when tracing is enabled."""
+        ``tracing.exporter`` would build; it is used only when tracing is enabled.
+        ``judge_backend`` decides the verdicts in place of the HTTP judge client (the
+        in-process benchmarks measure the service's own work with an instant judge);
+        the client still exists for probes and metrics."""
         self.settings = settings
         self.metrics = ServerMetrics()
         self.tracing: Tracing | None = None
@@ -227,7 +236,7 @@ class CohortServer:
             shared.on_round_trip = self.metrics.store_round_trip.observe
             self.runtime = ReplicaRuntime(
                 self.registry,
-                self.judge,
+                judge_backend or self.judge,
                 settings,
                 shared=shared,
                 observer=runtime_observer,
@@ -237,7 +246,7 @@ class CohortServer:
         else:
             self.runtime = CohortRuntime(
                 self.registry,
-                self.judge,
+                judge_backend or self.judge,
                 settings,
                 observer=runtime_observer,
                 store=store,

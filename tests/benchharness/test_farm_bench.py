@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pathlib
 
-from bench.farm import QUICK, markdown, run
+from bench.farm import QUICK, findings, markdown, run
 from bench.mpreport import write_section
 
 
@@ -21,6 +21,10 @@ def test_the_quick_farm_bench_measures_every_variant_and_the_sick_node(
     assert summary["affinity"]["requests_per_pass"]["median"] == 1.0
     text = markdown(result)
     assert "this service, one node hangs mid-run" in text and "simulated" in text.lower()
+    words = findings(result)
+    sick = summary["sick"]
+    assert f"{sick['masked']['max']:.0f} members masked" in words
+    assert "judge-farm.md#what-the-farm-bench-shows" in words
 
 
 def test_the_section_replaces_itself_in_the_page() -> None:
