@@ -67,7 +67,7 @@ class EndpointState(enum.StrEnum):
 
 
 #: What a finished request tells outlier detection.
-FAILURE_KINDS = frozenset({"transport", "http_5xx", "deadline", "slow"})
+FAILURE_KINDS = frozenset({"transport", "http_5xx", "deadline", "first_token", "slow"})
 
 
 @dataclass(frozen=True)
