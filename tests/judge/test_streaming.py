@@ -8,16 +8,19 @@ attempt (``genrm_parse_retries: 0``), so its outcome is that attempt's parse.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 from typing import Any
 
 import pytest
 
+from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import (
     JudgeClient,
     JudgeFailedError,
     JudgeInput,
+    JudgeProgress,
     _read_answer,
     _read_usage,
 )
@@ -221,3 +224,192 @@ def test_responses_terminal_event_without_a_response_is_a_stream_error() -> None
     assert answer.done
     with pytest.raises(StreamError):
         answer.body()
+
+
+# -- first token, progress, closing (in-process fake judges over loopback) ------------
+
+SINGLE = JudgeInput(
+    messages=(("user", "Name the largest planet."),),
+    response_1="Jupiter is the largest planet.",
+    response_2="Mars.",
+    affinity="cohort-1",
+)
+
+
+async def _no_sleep(_seconds: float) -> None:
+    return None
+
+
+def _streaming(urls: list[str], **keys: Any) -> Settings:
+    judge = {"stream": True, "first_token_timeout_s": 0.3, **keys.pop("judge", {})}
+    top = {"genrm_parse_retries": 1, "judge_request_timeout_s": 30.0, **keys}
+    return Settings(judge={"urls": urls, **judge}, **top)
+
+
+@pytest.mark.parametrize("mode", ["stall", "hang"])
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+async def test_with_one_endpoint_no_first_token_fails_the_comparison_at_once(
+    mode: str, api: str
+) -> None:
+    """Gym's rule for a hung request with one endpoint, as for the request timeout:
+    final, long before ``judge_request_timeout_s`` (30 s here)."""
+    with FakeJudgeServer() as fake:
+        fake.control(mode=mode)
+        config = _streaming([fake.url], judge={"api": api})
+        async with JudgeClient(config, sleep=_no_sleep) as client:
+            with pytest.raises(JudgeFailedError) as excinfo:
+                await client.judge(SINGLE)
+            assert client.tokens.first_token_timeouts == 1
+            endpoint = client.farm.endpoints[0]
+            assert endpoint.failures == 1 and "no first token" in endpoint.detail
+        node = fake.wait_for_node(hung=1, aborted=1)  # the client closed it
+    assert excinfo.value.kind == "first_token"
+    assert "judge.first_token_timeout_s=0.3s on attempt 1 of 2" in excinfo.value.reason
+    assert node["requests"] == 1
+
+
+async def test_with_one_endpoint_the_outage_tolerance_covers_a_missing_first_token() -> None:
+    with FakeJudgeServer() as fake:
+        fake.control(mode="stall")
+
+        async def recover(_seconds: float) -> None:
+            fake.control(mode="ok")
+
+        config = _streaming([fake.url], judge_outage_tolerance_s=60.0, genrm_parse_retries=0)
+        async with JudgeClient(config, sleep=recover) as client:
+            out = await client.judge(SINGLE)
+    assert out.attempts == 2  # the first attempt spent no budget (retries: 0)
+    assert not out.verdict.parse_failed
+
+
+async def test_in_a_farm_no_first_token_is_retried_on_the_other_endpoint() -> None:
+    with FakeJudgeServer() as a, FakeJudgeServer() as b:
+        config = _streaming([a.url, b.url], judge={"hedge_quantile": None})
+        async with JudgeClient(config, sleep=_no_sleep) as client:
+            first = client.farm.pick(SINGLE.affinity)
+            assert first is not None
+            sick, well = (a, b) if first.url == a.url else (b, a)
+            sick.control(mode="stall")
+            out = await client.judge(SINGLE)
+            failures = {e.url: e.failures for e in client.farm.endpoints}
+        assert sick.wait_for_node(aborted=1)["hung"] == 1
+        assert well.node_stats()["completed"] == 1
+        assert failures == {sick.url: 1, well.url: 0}
+    assert out.attempts == 2 and not out.verdict.parse_failed
+
+
+async def test_a_slow_answer_that_has_begun_is_not_cut_by_the_first_token_timeout() -> None:
+    # 20 tokens at 40 tokens/s: 0.5 s of decode, past the 0.3 s first-token timeout.
+    node = NodeConfig(tokens_per_s=40, output_tokens="20")
+    with FakeJudgeServer(FakeJudgeConfig(node=node)) as fake:
+        async with JudgeClient(_streaming([fake.url]), sleep=_no_sleep) as client:
+            out = await client.judge(SINGLE)
+            assert client.tokens.first_token_timeouts == 0
+    assert out.attempts == 1 and not out.verdict.parse_failed
+
+
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+async def test_progress_counts_the_tokens_of_a_running_comparison_and_lets_go_after(
+    api: str,
+) -> None:
+    node = NodeConfig(tokens_per_s=100, output_tokens="200")  # 2 s of decode
+    with FakeJudgeServer(FakeJudgeConfig(node=node)) as fake:
+        progress = JudgeProgress()
+        inp = JudgeInput(SINGLE.messages, SINGLE.response_1, SINGLE.response_2, progress=progress)
+        config = _streaming([fake.url], judge={"api": api, "first_token_timeout_s": 5.0})
+        async with JudgeClient(config, sleep=_no_sleep) as client:
+            task = asyncio.ensure_future(client.judge(inp))
+            seen: list[tuple[int, int, int]] = []
+            while not task.done():
+                seen.append((progress.in_flight, progress.tokens, client.tokens.streamed_in_flight))
+                await asyncio.sleep(0.05)  # sampling the counters, not waiting for an event
+            out = await task
+            after = (progress.in_flight, progress.tokens, client.tokens.streamed_in_flight)
+    streamed = [tokens for in_flight, tokens, _ in seen if in_flight == 1 and tokens > 0]
+    assert len(set(streamed)) >= 3  # it grew as the tokens came, not all at once
+    assert all(tokens == total for _, tokens, total in seen)  # one request: gauge = cohort
+    assert max(streamed) <= 200 == out.usage.output_tokens  # type: ignore[union-attr]
+    assert after == (0, 0, 0)
+
+
+async def test_a_hedge_that_wins_closes_the_slow_stream_at_the_judge() -> None:
+    slow = FakeJudgeConfig(node=NodeConfig(tokens_per_s=2, output_tokens="600"))
+    with FakeJudgeServer(slow) as a, FakeJudgeServer(slow) as b:
+        config = _streaming(
+            [a.url, b.url], judge_hedge_after_s=0.3, judge={"first_token_timeout_s": 10.0}
+        )
+        async with JudgeClient(config, sleep=_no_sleep) as client:
+            first = client.farm.pick(SINGLE.affinity)
+            assert first is not None
+            slow_one, fast_one = (a, b) if first.url == a.url else (b, a)
+            fast_one.control(tokens_per_s=0)  # answers at once
+            out = await client.judge(SINGLE)
+            gauge = client.tokens.streamed_in_flight
+        closed = slow_one.wait_for_node(aborted_running=1)
+    assert not out.verdict.parse_failed
+    assert closed["completed"] == 0 and closed["generation_tokens"] < 600
+    assert gauge == 0
+
+
+# -- the fake judge's stream -----------------------------------------------------------
+
+
+def _open_stream(fake: FakeJudgeServer, api: str) -> http.client.HTTPResponse:
+    path, body = _body(api, stream=True, stream_options={"include_usage": True})
+    connection = http.client.HTTPConnection(fake.host, fake.port, timeout=30)
+    connection.request(
+        "POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    return connection.getresponse()
+
+
+def _next_event(response: http.client.HTTPResponse) -> bytes:
+    lines = []
+    while (line := response.readline()) not in (b"\n", b"\r\n", b""):
+        lines.append(line)
+    return b"".join(lines)
+
+
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+def test_the_fake_judge_emits_its_tokens_over_the_simulated_decode_time(api: str) -> None:
+    node = NodeConfig(tokens_per_s=50, output_tokens="100")  # 2 s of decode
+    with FakeJudgeServer(FakeJudgeConfig(node=node)) as fake:
+        response = _open_stream(fake, api)
+        assert response.status == 200
+        assert response.getheader("Content-Type") == "text/event-stream"
+        _next_event(response)  # the opening event
+        first = _next_event(response)
+        assert b"delta" in first
+        assert fake.node_stats()["completed"] == 0  # a token came, the answer is not done
+        rest = response.read()
+        response.close()
+        stats = fake.wait_for_node(completed=1)
+    assert stats["generation_tokens"] == 100
+    assert (b"[DONE]" if api == "chat_completions" else b"response.completed") in rest
+
+
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+def test_a_stream_closed_mid_answer_is_counted_as_an_abort(api: str) -> None:
+    node = NodeConfig(tokens_per_s=20, output_tokens="400")
+    with FakeJudgeServer(FakeJudgeConfig(node=node)) as fake:
+        response = _open_stream(fake, api)
+        _next_event(response)
+        _next_event(response)
+        response.close()  # the client goes away after its first token
+        stats = fake.wait_for_node(aborted_running=1)
+    assert stats["completed"] == 0 and stats["generation_tokens"] < 400
+
+
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+def test_stall_mode_opens_the_stream_and_sends_no_token(api: str) -> None:
+    with FakeJudgeServer() as fake:
+        fake.control(mode="stall")
+        response = _open_stream(fake, api)
+        assert response.status == 200
+        opening = _next_event(response)
+        assert (b"response.created" if api == "responses" else b'"role": "assistant"') in opening
+        assert b"delta" not in opening.replace(b'"delta": {"role"', b"")
+        fake.wait_for_node(hung=1)
+        response.close()
+        stats = fake.wait_for_node(aborted=1)
+    assert stats["completed"] == 0 and stats["generation_tokens"] == 0
