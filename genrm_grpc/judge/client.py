@@ -26,6 +26,14 @@ up to that many seconds of continuous outage without spending the budget. Hedgin
 (``judge_hedge_after_s``): an attempt still unanswered after that long gets a second, identical
 request; the first to come back is used and the other is cancelled.
 
+Streaming (``judge.stream``, docs/judge-tokens.md): answers are read as server-sent
+events and reassembled (``judge/sse.py``) into the body a non-streamed answer decodes
+to, so that parsing and every rule above are unchanged. No generated token within
+``judge.first_token_timeout_s`` closes the request, counts against its endpoint and is
+treated as a request timeout (retried elsewhere in a farm, final with one endpoint).
+The tokens streamed so far count towards ``JudgeInput.progress`` and
+``TokenLedger.streamed_in_flight``.
+
 Two wire formats are spoken (docs/protocol.md): ``responses``
 (NeMo Gym's GenRM model server, answers in ``metadata``) and ``chat_completions``
 (vLLM serving the GenRM chat template, answers as ``response_1``/``response_2`` roles).
@@ -1338,9 +1346,14 @@ class JudgeClient:
         ledger = self.tokens
         counted = 0
         complete = False
+        loop = asyncio.get_running_loop()
         try:
             async for chunk in response.content.iter_any():
-                new = stream.feed(chunk)
+                if stream.pending_bytes + len(chunk) >= self._offload_bytes:
+                    # A large event (a long answer in one piece) is decoded off the loop.
+                    new = await loop.run_in_executor(self._executor, stream.feed, chunk)
+                else:
+                    new = stream.feed(chunk)
                 if new:
                     if counted == 0 and first_token is not None:
                         first_token.reschedule(None)

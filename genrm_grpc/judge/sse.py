@@ -71,12 +71,14 @@ class SSEAnswer:
         """Take the next bytes; return the tokens they completed."""
         before = self.tokens
         pending = self._pending
+        scan = len(pending)  # what is pending holds no newline: look in the new bytes only
         pending += chunk
         start = 0
         while True:
-            end = pending.find(b"\n", start)
+            end = pending.find(b"\n", scan)
             if end < 0:
                 break
+            scan = end + 1
             line = bytes(pending[start:end])
             start = end + 1
             if line.endswith(b"\r"):
@@ -95,6 +97,11 @@ class SSEAnswer:
         if len(pending) > self._cap:
             raise StreamTooLarge(len(pending))
         return self.tokens - before
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of an unfinished line held (a large one is decoded when it ends)."""
+        return len(self._pending)
 
     def _event(self, data: bytes) -> None:
         if self.done:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import logging
 import math
@@ -39,7 +40,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
 from types import TracebackType
@@ -546,22 +547,18 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             self._drop()
             return
-        tokens = stream.tokens(answer, produced)
+        total, events = stream.tokens(answer, produced)
         if outcome == "truncate":
-            tokens = tokens[: len(tokens) // 2]
-        cursor = 0
+            total //= 2
 
         def emit(count: int) -> bool:
-            nonlocal cursor
-            chunk = tokens[cursor : cursor + count]
-            cursor += count
             try:
-                stream.write(b"".join(chunk))
+                stream.write(b"".join(itertools.islice(events, count)))
             except OSError:
                 return False
             return True
 
-        if not node.generate(ticket, plan, len(tokens), emit):
+        if not node.generate(ticket, plan, total, emit):
             self._drop()
             return
         node.release(ticket, self.connection)
@@ -675,47 +672,47 @@ class _SSEStream:
             opening = self._chunk({"role": "assistant", "content": ""}, None)
         self.write(opening)
 
-    def tokens(self, answer: dict[str, Any], produced: int) -> list[bytes]:
-        """The answer's events, one per token: reasoning first, then the answer text."""
+    def tokens(self, answer: dict[str, Any], produced: int) -> tuple[int, Iterator[bytes]]:
+        """The answer's events, one per token, reasoning first, then the answer text:
+        (how many, made one by one as they are sent, so a long answer is never held)."""
         if self._request.endpoint == "responses":
             text = answer["output"][1]["content"][0]["text"]
         else:
             text = answer["choices"][0]["message"]["content"]
         pieces = _PIECE.findall(text)
+        thinking = max(0, produced - len(pieces))
+        return thinking + len(pieces), self._token_events(thinking, pieces)
+
+    def _token_events(self, thinking: int, pieces: list[str]) -> Iterator[bytes]:
         reasoning = words(REASONING_SUMMARY) or ["thinking"]
-        events = []
-        for index in range(max(0, produced - len(pieces))):
+        responses = self._request.endpoint == "responses"
+        for index in range(thinking):
             word = reasoning[index % len(reasoning)] + " "
-            if self._request.endpoint == "responses":
-                events.append(
-                    self._event(
-                        "response.reasoning_text.delta",
-                        {
-                            "item_id": f"rs_fake_{self._sequence:08d}",
-                            "output_index": 0,
-                            "content_index": 0,
-                            "delta": word,
-                        },
-                    )
+            if responses:
+                yield self._event(
+                    "response.reasoning_text.delta",
+                    {
+                        "item_id": f"rs_fake_{self._sequence:08d}",
+                        "output_index": 0,
+                        "content_index": 0,
+                        "delta": word,
+                    },
                 )
             else:
-                events.append(self._chunk({"reasoning_content": word}, None))
+                yield self._chunk({"reasoning_content": word}, None)
         for piece in pieces:
-            if self._request.endpoint == "responses":
-                events.append(
-                    self._event(
-                        "response.output_text.delta",
-                        {
-                            "item_id": f"msg_fake_{self._sequence:08d}",
-                            "output_index": 1,
-                            "content_index": 0,
-                            "delta": piece,
-                        },
-                    )
+            if responses:
+                yield self._event(
+                    "response.output_text.delta",
+                    {
+                        "item_id": f"msg_fake_{self._sequence:08d}",
+                        "output_index": 1,
+                        "content_index": 0,
+                        "delta": piece,
+                    },
                 )
             else:
-                events.append(self._chunk({"content": piece}, None))
-        return events
+                yield self._chunk({"content": piece}, None)
 
     def finish(self, answer: dict[str, Any]) -> None:
         if self._request.endpoint == "responses":

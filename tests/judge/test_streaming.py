@@ -413,3 +413,49 @@ def test_stall_mode_opens_the_stream_and_sends_no_token(api: str) -> None:
         response.close()
         stats = fake.wait_for_node(aborted=1)
     assert stats["completed"] == 0 and stats["generation_tokens"] == 0
+
+
+# -- the answer cap and the loop -------------------------------------------------------
+
+
+async def test_a_large_streamed_answer_is_decoded_and_parsed_off_the_loop() -> None:
+    from tests.judge.test_response_cap_and_offload import CountingExecutor
+
+    config = FakeJudgeConfig(
+        adversarial_first_n=9, adversarial_kind="open_braces", adversarial_chars=200_000
+    )
+    executor = CountingExecutor()
+    try:
+        with FakeJudgeServer(config) as fake:
+            settings = _streaming([fake.url], genrm_parse_retries=0)
+            async with JudgeClient(settings, offload_bytes=1024, executor=executor) as client:
+                out = await client.judge(SINGLE)
+    finally:
+        executor.shutdown()
+    assert out.verdict.parse_failed  # built to have no verdict, whichever way it came
+    assert len(executor.threads) >= 2  # the long event, then its parse
+    assert all(name.startswith("judge-decode") for name in executor.threads)
+
+
+async def test_a_small_streamed_answer_stays_on_the_loop() -> None:
+    from tests.judge.test_response_cap_and_offload import CountingExecutor
+
+    executor = CountingExecutor()
+    try:
+        with FakeJudgeServer() as fake:
+            settings = _streaming([fake.url])
+            async with JudgeClient(settings, offload_bytes=1 << 20, executor=executor) as client:
+                out = await client.judge(SINGLE)
+    finally:
+        executor.shutdown()
+    assert not out.verdict.parse_failed
+    assert executor.threads == []
+
+
+async def test_a_streamed_answer_over_max_response_bytes_fails_like_an_unparseable_one() -> None:
+    config = FakeJudgeConfig(adversarial_first_n=9, adversarial_chars=8192)
+    with FakeJudgeServer(config) as fake:
+        settings = _streaming([fake.url], judge={"max_response_bytes": 4096})
+        async with JudgeClient(settings, sleep=_no_sleep) as client:
+            out = await client.judge(SINGLE)
+    assert out.attempts == 2 and out.verdict.parse_failed  # answered: the default verdict
