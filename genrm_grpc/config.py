@@ -114,6 +114,13 @@ class JudgeSettings(BaseModel):
     adaptive_budget_margin: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] = 1.2
     adaptive_budget_floor: Annotated[int, Field(ge=1)] = 1024
     adaptive_budget_min_samples: Annotated[int, Field(ge=1, le=1024)] = 64
+    #: Read the judge's answer as server-sent events (both wire formats): a node that
+    #: sends no first token within first_token_timeout_s is hung, progress is visible,
+    #: and closing the stream aborts the generation.
+    stream: bool = False
+    #: With ``stream``: no first generated token within this many seconds of sending the
+    #: request treats the node as hung at once (None = only judge_request_timeout_s).
+    first_token_timeout_s: Seconds | None = 60.0
 
     @field_validator("url")
     @classmethod

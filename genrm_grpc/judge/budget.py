@@ -89,13 +89,17 @@ class TokenLedger:
     ``per_verdict``: a histogram of the output tokens of the attempt
     that produced each verdict; ``wasted``: output tokens of attempts that produced none
     (runaways cut by a budget, unparseable answers); ``adaptive_cuts``: attempts that
-    ran out of an adaptive budget below the configured cap.
+    ran out of an adaptive budget below the configured cap; ``streamed_in_flight``:
+    output tokens streamed so far by requests still in flight (``judge.stream``);
+    ``first_token_timeouts``: streamed requests that sent no first token in time.
     """
 
     def __init__(self) -> None:
         self.per_verdict = Buckets(TOKEN_BUCKETS)
         self.wasted = 0
         self.adaptive_cuts = 0
+        self.streamed_in_flight = 0
+        self.first_token_timeouts = 0
 
     def verdict(self, output_tokens: int) -> None:
         self.per_verdict.observe(output_tokens)

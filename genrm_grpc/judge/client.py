@@ -26,6 +26,14 @@ up to that many seconds of continuous outage without spending the budget. Hedgin
 (``judge_hedge_after_s``): an attempt still unanswered after that long gets a second, identical
 request; the first to come back is used and the other is cancelled.
 
+Streaming (``judge.stream``, docs/judge-tokens.md): answers are read as server-sent
+events and reassembled (``judge/sse.py``) into the body a non-streamed answer decodes
+to, so that parsing and every rule above are unchanged. No generated token within
+``judge.first_token_timeout_s`` closes the request, counts against its endpoint and is
+treated as a request timeout (retried elsewhere in a farm, final with one endpoint).
+The tokens streamed so far count towards ``JudgeInput.progress`` and
+``TokenLedger.streamed_in_flight``.
+
 Two wire formats are spoken (docs/protocol.md): ``responses``
 (NeMo Gym's GenRM model server, answers in ``metadata``) and ``chat_completions``
 (vLLM serving the GenRM chat template, answers as ``response_1``/``response_2`` roles).
@@ -60,6 +68,7 @@ import orjson
 from genrm_grpc.judge.budget import AdaptiveBudget, TokenLedger
 from genrm_grpc.judge.farm import Endpoint, EndpointState, Farm, HedgePolicy, OutlierPolicy
 from genrm_grpc.judge.redact import Redactor, redact_url, split_userinfo
+from genrm_grpc.judge.sse import SSEAnswer, StreamError, StreamTooLarge
 from genrm_grpc.observability.hooks import ComparisonOutcome, JudgeObserver, NullJudgeObserver
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.scoring.verdict import (
@@ -129,6 +138,10 @@ class JudgeBlockView(Protocol):
     def adaptive_budget_floor(self) -> int: ...
     @property
     def adaptive_budget_min_samples(self) -> int: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def first_token_timeout_s(self) -> float | None: ...
     @property
     def outlier_consecutive_failures(self) -> int: ...
     @property
@@ -207,6 +220,23 @@ class JudgeInput:
     #: Requests with the same key prefer one endpoint of a farm (the cohort's prompt
     #: digest: its passes share the conversation, which that node's prefix cache holds).
     affinity: str | None = None
+    #: Where the client counts this comparison while it is in flight (the cohort's).
+    progress: JudgeProgress | None = field(default=None, compare=False)
+
+
+class JudgeProgress:
+    """In-flight judge work of one owner (a cohort), kept up to date by the client.
+
+    ``in_flight``: its comparisons in flight; ``tokens``: output tokens its in-flight
+    requests have streamed so far (``judge.stream``; each streamed event that carries
+    generated text counts one, as vLLM sends one event per decode step). Updated in
+    O(1) per event and read by ``GetCohort``: nothing scans the cohorts."""
+
+    __slots__ = ("in_flight", "tokens")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.tokens = 0
 
 
 @dataclass(frozen=True)
@@ -393,6 +423,8 @@ class _Tally:
     last_output: int = 0
     wasted_output: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
+    #: The comparison's owner's in-flight counts (``JudgeInput.progress``).
+    progress: JudgeProgress | None = None
 
     def add_usage(self, usage: TokenUsage) -> None:
         self.usage_seen = True
@@ -443,6 +475,10 @@ class _Reply:
     body: bytes
     retry_after: str | None
     endpoint: Endpoint | None = None
+    #: A streamed answer, reassembled into the object a non-streamed answer decodes to.
+    streamed: Any = None
+    #: Bytes of the streamed answer's text (what is offloaded past ``offload_bytes``).
+    streamed_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -735,13 +771,15 @@ class JudgeClient:
         payload = self._payload(sent)
         cap = cfg.judge.max_output_tokens
         bodies = {cap: _encode(payload)}
-        tally = _Tally()
+        tally = _Tally(progress=inp.progress)
         max_attempts = cfg.genrm_parse_retries + 1
         tried: list[Endpoint] = []  # endpoints an attempt failed on: retries go elsewhere
 
         verdict: Verdict | None = None
         started = time.perf_counter()
         outcome: ComparisonOutcome = "failed"
+        if inp.progress is not None:
+            inp.progress.in_flight += 1
         try:
             # A plain loop rather than a retry library: the first attempt usually
             # answers, and this path runs once per judge call (see docs/performance.md).
@@ -791,6 +829,8 @@ class JudgeClient:
                 cfg.default_score, cfg.default_score, cfg.default_ranking, parse_failed=True
             )
         finally:
+            if inp.progress is not None:
+                inp.progress.in_flight -= 1
             self._observer.judge_comparison(outcome, time.perf_counter() - started)
             self.tokens.wasted += tally.wasted_output
             self.tokens.adaptive_cuts += tally.adaptive_cuts
@@ -873,6 +913,10 @@ class JudgeClient:
             body["temperature"] = cfg.judge.temperature
         if cfg.judge.top_p is not None:
             body["top_p"] = cfg.judge.top_p
+        if cfg.judge.stream:
+            body["stream"] = True
+            if cfg.judge.api == "chat_completions":
+                body["stream_options"] = {"include_usage": True}
         return body
 
     async def _attempt(
@@ -935,33 +979,22 @@ class JudgeClient:
         primary = self.farm.try_acquire(key, tried) or await self.farm.acquire(key, tried)
         try:
             async with asyncio.timeout(cfg.judge_request_timeout_s):
-                reply = await self._send(body, attempt_no, primary, key, tried)
-        except TimeoutError as exc:
+                reply = await self._send(body, attempt_no, primary, key, tried, tally.progress)
+        except TimeoutError:
             self.farm.failed(primary, "deadline", "request deadline expired")
             tried.append(primary)
             self._unreachable(primary, "request deadline expired")
-            if self.farm.size >= 2:
-                # Another endpoint may answer: the deadline spends the budget and the
-                # retry goes elsewhere. (With one endpoint, Gym's rule: final.)
-                raise _AttemptFailed(
-                    "deadline",
-                    f"attempt {attempt_no}: no complete answer within "
-                    f"judge_request_timeout_s={cfg.judge_request_timeout_s:g}s",
-                ) from None
-            if cfg.judge_outage_tolerance_s > 0:
-                now = self._clock()
-                since = tally.outage_since if tally.outage_since is not None else now
-                if now - since < cfg.judge_outage_tolerance_s:
-                    raise _AttemptFailed(
-                        "deadline",
-                        f"attempt {attempt_no}: no complete answer within "
-                        f"judge_request_timeout_s={cfg.judge_request_timeout_s:g}s",
-                        outage=True,
-                    ) from None
-            raise JudgeFailedError(self._deadline_reason(tally), kind="deadline") from exc
+            self._hung(
+                "deadline",
+                f"attempt {attempt_no}: no complete answer within "
+                f"judge_request_timeout_s={cfg.judge_request_timeout_s:g}s",
+                tally,
+            )
         except _AttemptFailed as failure:
             if failure.endpoint is not None:
                 tried.append(failure.endpoint)
+            if failure.kind == "first_token":
+                self._hung(failure.kind, failure.detail, tally)
             raise
         finally:
             self.farm.release(primary)
@@ -994,7 +1027,14 @@ class JudgeClient:
                 kind=f"http_{status}",
             )
 
-        if len(reply.body) >= self._offload_bytes:
+        if reply.streamed is not None:
+            if reply.streamed_bytes >= self._offload_bytes:
+                answer = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._interpret, reply.streamed, attempt_no
+                )
+            else:
+                answer = self._interpret(reply.streamed, attempt_no)
+        elif len(reply.body) >= self._offload_bytes:
             # Decoding a large body and scanning a large answer are CPU work: keep them
             # off the event loop so health checks and other cohorts keep being served.
             answer = await asyncio.get_running_loop().run_in_executor(
@@ -1044,9 +1084,26 @@ class JudgeClient:
             )
         return answer.verdict
 
+    def _hung(self, kind: str, detail: str, tally: _Tally) -> None:
+        """A request that got no answer in time (its deadline, or no first token).
+
+        In a farm of two or more another endpoint may answer: the attempt fails, spends
+        the budget and the retry goes elsewhere. With one endpoint, Gym's rule: final,
+        unless ``judge_outage_tolerance_s`` still covers it. Raises either way."""
+        cfg = self._config
+        if self.farm.size >= 2:
+            raise _AttemptFailed(kind, detail) from None
+        if cfg.judge_outage_tolerance_s > 0:
+            now = self._clock()
+            since = tally.outage_since if tally.outage_since is not None else now
+            if now - since < cfg.judge_outage_tolerance_s:
+                raise _AttemptFailed(kind, detail, outage=True) from None
+        if kind == "first_token":
+            raise JudgeFailedError(self._first_token_reason(tally), kind=kind) from None
+        raise JudgeFailedError(self._deadline_reason(tally), kind=kind) from None
+
     def _decode(self, raw: bytes, attempt_no: int) -> _Answer:
         """JSON-decode a 2xx body, extract the answer and parse its verdict (pure CPU)."""
-        cfg = self._config
         try:
             body = _decode_json(raw)
         except ValueError:
@@ -1055,6 +1112,12 @@ class JudgeClient:
                 f"attempt {attempt_no}: HTTP 2xx body is not JSON",
                 log_detail=f"attempt {attempt_no}: body is not JSON: {_excerpt_bytes(raw)}",
             ) from None
+        return self._interpret(body, attempt_no)
+
+    def _interpret(self, body: Any, attempt_no: int) -> _Answer:
+        """Extract the answer of a decoded (or reassembled streamed) 2xx body and parse
+        its verdict (pure CPU)."""
+        cfg = self._config
         if not isinstance(body, dict):
             raise _AttemptFailed(
                 "invalid_body", f"attempt {attempt_no}: HTTP 2xx body is not a JSON object"
@@ -1080,6 +1143,7 @@ class JudgeClient:
         primary: Endpoint,
         key: str | None,
         tried: list[Endpoint],
+        progress: JudgeProgress | None = None,
     ) -> _Reply:
         """POST once to ``primary``; hedged on another endpoint after its hedge point.
 
@@ -1090,8 +1154,10 @@ class JudgeClient:
         """
         hedge_after = self.farm.hedge_after(primary)
         if hedge_after is None:
-            return await self._post(body, attempt_no, primary)
-        first: asyncio.Future[_Reply] = asyncio.ensure_future(self._post(body, attempt_no, primary))
+            return await self._post(body, attempt_no, primary, progress)
+        first: asyncio.Future[_Reply] = asyncio.ensure_future(
+            self._post(body, attempt_no, primary, progress)
+        )
         tasks = [first]
         extra: Endpoint | None = None
         try:
@@ -1122,7 +1188,7 @@ class JudgeClient:
                 hedge_after,
                 extra.display,
             )
-            second = asyncio.ensure_future(self._post(body, attempt_no, extra))
+            second = asyncio.ensure_future(self._post(body, attempt_no, extra, progress))
             tasks.append(second)
             pending: set[asyncio.Future[_Reply]] = set(tasks)
             failure: BaseException | None = None
@@ -1148,41 +1214,68 @@ class JudgeClient:
             if extra is not None:
                 self.farm.release(extra)
 
-    async def _post(self, body: bytes, attempt_no: int, endpoint: Endpoint) -> _Reply:
+    async def _post(
+        self,
+        body: bytes,
+        attempt_no: int,
+        endpoint: Endpoint,
+        progress: JudgeProgress | None = None,
+    ) -> _Reply:
         """One HTTP request; the whole body is read, up to ``max_response_bytes``.
 
         What happened is reported to the farm: a 2xx answer's latency, a 5xx or a
-        transport failure against the endpoint's health.
+        transport failure against the endpoint's health. With ``judge.stream``, no
+        first generated token within ``judge.first_token_timeout_s`` (counted from the
+        send, connection retries included) closes the connection and counts against
+        the endpoint like a request timeout (kind ``first_token``).
         """
         wire = self._wire(endpoint)
+        judge = self._config.judge
+        first_token_s = judge.first_token_timeout_s if judge.stream else None
         connects = 0
         started = time.perf_counter()
-        while True:
-            try:
-                async with self._http().post(
-                    wire.post_url, data=body, headers=wire.headers
-                ) as response:
-                    reply = await self._read(response, attempt_no, endpoint)
-                break
-            except aiohttp.ClientConnectorError as exc:
-                if connects < self._connect_retries:
-                    connects += 1
-                    continue
-                self._transport_failed(endpoint, exc)
-                failure = self._transport_failure(exc, attempt_no, "cannot connect")
-                failure.endpoint = endpoint
-                raise failure from None
-            except (aiohttp.ClientError, OSError) as exc:
-                self._transport_failed(endpoint, exc)
-                failure = self._transport_failure(
-                    exc, attempt_no, "connection lost before the answer was complete"
-                )
-                failure.endpoint = endpoint
-                raise failure from None
-            except _AttemptFailed as failure:  # oversized: the node answered
-                self.farm.answered(endpoint)
-                failure.endpoint = endpoint
-                raise
+        first_token = asyncio.timeout(first_token_s)
+        try:
+            async with first_token:
+                while True:
+                    try:
+                        async with self._http().post(
+                            wire.post_url, data=body, headers=wire.headers
+                        ) as response:
+                            reply = await self._read(
+                                response, attempt_no, endpoint, progress, first_token
+                            )
+                        break
+                    except aiohttp.ClientConnectorError as exc:
+                        if connects < self._connect_retries:
+                            connects += 1
+                            continue
+                        self._transport_failed(endpoint, exc)
+                        failure = self._transport_failure(exc, attempt_no, "cannot connect")
+                        failure.endpoint = endpoint
+                        raise failure from None
+                    except (aiohttp.ClientError, OSError) as exc:
+                        self._transport_failed(endpoint, exc)
+                        failure = self._transport_failure(
+                            exc, attempt_no, "connection lost before the answer was complete"
+                        )
+                        failure.endpoint = endpoint
+                        raise failure from None
+                    except _AttemptFailed as failure:  # oversized: the node answered
+                        self.farm.answered(endpoint)
+                        failure.endpoint = endpoint
+                        raise
+        except TimeoutError:
+            # Only the first-token timer ends here (the loop above turns every other
+            # OSError into a transport failure); the connection is already closed.
+            assert first_token_s is not None
+            detail = f"no first token within judge.first_token_timeout_s={first_token_s:g}s"
+            self.farm.failed(endpoint, "first_token", detail)
+            self._unreachable(endpoint, detail)
+            self.tokens.first_token_timeouts += 1
+            hung = _AttemptFailed("first_token", f"attempt {attempt_no}: {detail}")
+            hung.endpoint = endpoint
+            raise hung from None
         status = reply.status
         if 200 <= status <= 299:
             self.farm.succeeded(endpoint, time.perf_counter() - started)
@@ -1198,8 +1291,25 @@ class JudgeClient:
         self._unreachable(endpoint, detail)
 
     async def _read(
-        self, response: aiohttp.ClientResponse, attempt_no: int, endpoint: Endpoint
+        self,
+        response: aiohttp.ClientResponse,
+        attempt_no: int,
+        endpoint: Endpoint,
+        progress: JudgeProgress | None = None,
+        first_token: asyncio.Timeout | None = None,
     ) -> _Reply:
+        retry_after = response.headers.get("Retry-After")
+        if (
+            self._config.judge.stream
+            and 200 <= response.status <= 299
+            and response.content_type == "text/event-stream"
+        ):
+            streamed, size = await self._read_stream(response, attempt_no, progress, first_token)
+            return _Reply(response.status, b"", retry_after, endpoint, streamed, size)
+        if first_token is not None:
+            # Not a stream (an error, or a server that ignores "stream"): the whole
+            # answer is here already or comes as one body; the request deadline holds.
+            first_token.reschedule(None)
         cap = self._config.judge.max_response_bytes
         declared = response.content_length
         if declared is not None:
@@ -1208,7 +1318,7 @@ class JudgeClient:
                 raise self._oversized(attempt_no, declared)
             # The body is exactly Content-Length bytes: one read, no chunk loop.
             body = await response.read()
-            return _Reply(response.status, body, response.headers.get("Retry-After"), endpoint)
+            return _Reply(response.status, body, retry_after, endpoint)
         chunks: list[bytes] = []
         size = 0
         async for chunk in response.content.iter_chunked(_READ_CHUNK):
@@ -1217,9 +1327,61 @@ class JudgeClient:
                 response.close()
                 raise self._oversized(attempt_no, size)
             chunks.append(chunk)
-        return _Reply(
-            response.status, b"".join(chunks), response.headers.get("Retry-After"), endpoint
-        )
+        return _Reply(response.status, b"".join(chunks), retry_after, endpoint)
+
+    async def _read_stream(
+        self,
+        response: aiohttp.ClientResponse,
+        attempt_no: int,
+        progress: JudgeProgress | None,
+        first_token: asyncio.Timeout | None,
+    ) -> tuple[Any, int]:
+        """Read a server-sent-events answer; (the reassembled body, its text bytes).
+
+        Every event that carries generated text counts one token towards ``progress``
+        and the ledger's in-flight gauge while the request runs. Anything but a
+        complete stream (an error, a cancellation: a hedge won, the cohort ended, the
+        deadline) closes the connection, which makes vLLM abort the generation."""
+        stream = SSEAnswer(self._config.judge.api, self._config.judge.max_response_bytes)
+        ledger = self.tokens
+        counted = 0
+        complete = False
+        loop = asyncio.get_running_loop()
+        try:
+            async for chunk in response.content.iter_any():
+                if stream.pending_bytes + len(chunk) >= self._offload_bytes:
+                    # A large event (a long answer in one piece) is decoded off the loop.
+                    new = await loop.run_in_executor(self._executor, stream.feed, chunk)
+                else:
+                    new = stream.feed(chunk)
+                if new:
+                    if counted == 0 and first_token is not None:
+                        first_token.reschedule(None)
+                    counted += new
+                    ledger.streamed_in_flight += new
+                    if progress is not None:
+                        progress.tokens += new
+            # Read to the end even after the last event: the connection then stays
+            # in the keep-alive pool (a server ends the body right after that event).
+            if not stream.done:
+                # As an interrupted non-streamed body: the connection is lost.
+                raise aiohttp.ClientPayloadError("the stream ended before its last event")
+            body = stream.body()
+            complete = True
+        except StreamTooLarge as exc:
+            raise self._oversized(attempt_no, exc.size) from None
+        except StreamError as exc:
+            raise _AttemptFailed(
+                "invalid_body",
+                f"attempt {attempt_no}: unreadable answer stream: {exc}",
+            ) from None
+        finally:
+            ledger.streamed_in_flight -= counted
+            if progress is not None:
+                progress.tokens -= counted
+            if not complete:
+                response.close()
+        return body, stream.text_bytes
 
     def _oversized(self, attempt_no: int, size: int) -> _AttemptFailed:
         return _AttemptFailed(
@@ -1246,6 +1408,20 @@ class JudgeClient:
             "judge request deadline expired: no complete answer within "
             f"judge_request_timeout_s={cfg.judge_request_timeout_s:g}s on attempt "
             f"{tally.attempts} of {cfg.genrm_parse_retries + 1}; the deadline is not retried"
+        )
+        if cfg.judge_outage_tolerance_s > 0:
+            reason += (
+                f" beyond judge_outage_tolerance_s={cfg.judge_outage_tolerance_s:g}s of outage"
+            )
+        return reason + self._budget_advice(tally) + self._outcome_summary(tally)
+
+    def _first_token_reason(self, tally: _Tally) -> str:
+        cfg = self._config
+        reason = (
+            "judge sent no first token within judge.first_token_timeout_s="
+            f"{cfg.judge.first_token_timeout_s:g}s on attempt {tally.attempts} of "
+            f"{cfg.genrm_parse_retries + 1}; with one endpoint a hung request is not "
+            "retried (as judge_request_timeout_s)"
         )
         if cfg.judge_outage_tolerance_s > 0:
             reason += (

@@ -23,13 +23,13 @@ whatever its key, so no node idles behind a skew of the keys (with a few cohorts
 flight, their hashes rarely split evenly).
 
 Passive outlier detection, in the manner of Envoy's: ``consecutive_failures`` failures
-in a row on one endpoint (connect errors, HTTP 5xx, request timeouts, requests that a
-hedge on another endpoint beat) eject it for ``base_ejection_s`` × its number of
-ejections, at most ``max_ejection_s``, never more than ``max_ejection_percent`` of the
-farm at once (at least one endpoint of a farm of two or more may always be ejected; a
-farm of one is never ejected). An ejected endpoint is readmitted by an active probe once
-its ejection time has passed. An endpoint whose ``/v1/models`` does not list the model
-is out until it does.
+in a row on one endpoint (connect errors, HTTP 5xx, request timeouts, streamed requests
+without a first token in time, requests that a hedge on another endpoint beat) eject it
+for ``base_ejection_s`` × its number of ejections, at most ``max_ejection_s``, never
+more than ``max_ejection_percent`` of the farm at once (at least one endpoint of a farm
+of two or more may always be ejected; a farm of one is never ejected). An ejected
+endpoint is readmitted by an active probe once its ejection time has passed. An
+endpoint whose ``/v1/models`` does not list the model is out until it does.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class EndpointState(enum.StrEnum):
 
 
 #: What a finished request tells outlier detection.
-FAILURE_KINDS = frozenset({"transport", "http_5xx", "deadline", "slow"})
+FAILURE_KINDS = frozenset({"transport", "http_5xx", "deadline", "first_token", "slow"})
 
 
 @dataclass(frozen=True)

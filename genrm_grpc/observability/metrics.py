@@ -293,6 +293,17 @@ class _TokenCollector(Collector):
             "below the configured max_output_tokens.",
             ledger.adaptive_cuts,
         )
+        yield _gauge(
+            "genrm_judge_streamed_tokens_in_flight",
+            "Output tokens streamed so far by judge requests still in flight (judge.stream).",
+            ledger.streamed_in_flight,
+        )
+        yield _counter(
+            "genrm_judge_first_token_timeouts",
+            "Streamed judge requests closed for sending no first token within "
+            "judge.first_token_timeout_s.",
+            ledger.first_token_timeouts,
+        )
         if self._budget is not None and self._budget.current() is not None:
             yield _gauge(
                 "genrm_judge_adaptive_budget_tokens",

@@ -43,7 +43,13 @@ from genrm_grpc.cohort.model import (
     reward_problem,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
-from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
+from genrm_grpc.judge.client import (
+    JudgeFailedError,
+    JudgeInput,
+    JudgeOutcome,
+    JudgeProgress,
+    TokenUsage,
+)
 from genrm_grpc.observability.hooks import CohortOutcome, NullRuntimeObserver, RuntimeObserver
 from genrm_grpc.runtime.clock import Clock, LoopClock, TimerHandle
 from genrm_grpc.runtime.plan import Pass, PassPlan
@@ -268,6 +274,8 @@ class _Live:
     #: Slots whose member record is known to be in the store (eager pairs start only
     #: between those).
     durable_slots: set[int] = field(default_factory=set)
+    #: Its comparisons at the judge now and the tokens they streamed (the client counts).
+    judge: JudgeProgress = field(default_factory=JudgeProgress)
 
 
 class CohortRuntime:
@@ -392,6 +400,13 @@ class CohortRuntime:
         """(reused, resumed) journal passes of an active cohort so far."""
         live = self._live.get(key)
         return (0, 0) if live is None else (live.reused, live.resumed)
+
+    def judge_progress(self, key: CohortKey) -> tuple[int, int]:
+        """(comparisons at the judge, output tokens they streamed so far) of a cohort
+        this process is judging; (0, 0) otherwise. One lookup: the judge client keeps
+        the counts up to date as it goes."""
+        live = self._live.get(key)
+        return (0, 0) if live is None else (live.judge.in_flight, live.judge.tokens)
 
     # ------------------------------------------------------------------ durability
     def _persist(self, records: list[Record]) -> asyncio.Future[None] | None:
@@ -752,7 +767,8 @@ class CohortRuntime:
                 # Finished before a restart: its journaled verdict, no judge call.
                 coro: Coroutine[Any, Any, _PairResult] = self._resumed(live, job, journaled)
             else:
-                coro = self._judge_pair(live, job, self._judge_input(live.cohort, job))
+                inp = self._judge_input(live.cohort, job, live.judge)
+                coro = self._judge_pair(live, job, inp)
             task = self._own(coro, name=f"judge {key} {job}")
             live.pair_tasks[job.order] = task
         return task
@@ -774,7 +790,9 @@ class CohortRuntime:
         task.add_done_callback(_retrieve_exception)
         return task
 
-    def _judge_input(self, cohort: Cohort, job: Pass) -> JudgeInput:
+    def _judge_input(
+        self, cohort: Cohort, job: Pass, progress: JudgeProgress | None = None
+    ) -> JudgeInput:
         snapshot = cohort.members
         prompt = cohort.prompt
         first = snapshot[job.i].candidate.texts.judge_text()
@@ -786,7 +804,14 @@ class CohortRuntime:
         principle = None
         if self.config.use_principle:
             principle = prompt.principle or self.config.default_principle or None
-        return JudgeInput(prompt.messages, first, second, principle, affinity=cohort.prompt_digest)
+        return JudgeInput(
+            prompt.messages,
+            first,
+            second,
+            principle,
+            affinity=cohort.prompt_digest,
+            progress=progress,
+        )
 
     async def _judge_pair(self, live: _Live, job: Pass, inp: JudgeInput) -> _PairResult:
         cohort = live.cohort

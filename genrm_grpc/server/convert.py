@@ -136,9 +136,11 @@ def cohort_info(
     latest_attempt: int | None,
     now: float,
     passes: tuple[int, int] = (0, 0),
+    judge: tuple[int, int] = (0, 0),
 ) -> pb.CohortInfo:
     """``passes``: (reused, resumed) so far, for an active cohort (a terminal one's
-    outcome carries its own)."""
+    outcome carries its own); ``judge``: (comparisons in flight, tokens streamed), from
+    the runtime."""
     if isinstance(cohort, Cohort):
         phase = cohort.phase
         present = sorted(cohort.members)
@@ -167,4 +169,6 @@ def cohort_info(
         seconds_to_deadline=max(0.0, remaining),
         judge_passes_reused=passes[0],
         judge_passes_resumed=passes[1],
+        judge_in_flight=judge[0],
+        judge_tokens_streamed=judge[1],
     )

@@ -439,6 +439,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
                 latest_attempt=latest,
                 now=now,
                 passes=self._runtime.passes_taken(key),
+                judge=self._runtime.judge_progress(key),
             )
         )
 

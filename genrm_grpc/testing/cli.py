@@ -158,7 +158,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--mode",
         default="ok",
         choices=list(MODES),
-        help="starting mode: ok, hang (accept, never answer), 503 (refuse), slow; "
+        help="starting mode: ok, hang (accept, never answer), 503 (refuse), slow, "
+        "stall (a streamed request gets HTTP 200 and no token); "
         "POST /control switches it at run time (default: %(default)s)",
     )
     node.add_argument(

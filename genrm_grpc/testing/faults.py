@@ -288,6 +288,10 @@ class JudgeRequest:
     input_words: int
     messages: tuple[tuple[str, str], ...] = ()
     """Every prompt message as (role, text), in the order the judge would read them."""
+    stream: bool = False
+    """The request asked for a server-sent-events answer (``"stream": true``)."""
+    include_usage: bool = False
+    """Chat: ``stream_options.include_usage`` (a last chunk carries the usage)."""
 
 
 class JudgeState:
@@ -375,6 +379,7 @@ class JudgeState:
                 "pair": key,
                 "principle": request.principle,
                 "max_tokens": request.max_tokens,
+                "stream": request.stream,
             }
             # Always consume the same number of draws so the sequence depends only on
             # the seed and the request order, not on which faults are switched on.

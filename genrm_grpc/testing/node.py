@@ -21,6 +21,9 @@ count and cache figure here is simulated. See ``docs/fake-judge.md``.
 * **Aborts** — a client that closes its connection while its request waits or
   generates is noticed at once (an epoll watcher thread on the sockets), the request is
   counted as aborted, its slot is freed and its generation stops.
+* **Streaming** — a streamed request's tokens are emitted over its simulated decode
+  time (``generate`` with ``emit``): token k of n goes out at prefill + k/n × decode, in
+  one write per ``TICK_S``; a write the client no longer reads counts as an abort.
 """
 
 from __future__ import annotations
@@ -39,8 +42,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-MODES: tuple[str, ...] = ("ok", "hang", "503", "slow")
-"""Sick modes: ``ok``; ``hang`` (accept, never answer); ``503`` (refuse); ``slow``."""
+MODES: tuple[str, ...] = ("ok", "hang", "503", "slow", "stall")
+"""Sick modes: ``ok``; ``hang`` (accept, never answer); ``503`` (refuse); ``slow``;
+``stall`` (accept, and to a streamed request answer HTTP 200 and the stream's opening
+event, then never a token: a hung engine behind a live HTTP front end)."""
+
+TICK_S = 0.02
+"""A streamed answer's tokens go out in one write per tick (or per token, if slower)."""
 HEALTH_CHOICES: tuple[str, ...] = ("auto", "ok", "503", "hang")
 DEFAULT_BUDGET = 16384
 """The budget ``budget`` means when a request names no max tokens."""
@@ -499,13 +507,25 @@ class Node:
             scale *= config.slow_factor
         return prefill * scale, decode * scale
 
-    def generate(self, ticket: Ticket, plan: Plan, answer_tokens: int) -> bool:
-        """Spend the simulated time of the request; count the tokens it produced."""
+    def generate(
+        self,
+        ticket: Ticket,
+        plan: Plan,
+        answer_tokens: int,
+        emit: Callable[[int], bool] | None = None,
+    ) -> bool:
+        """Spend the simulated time of the request; count the tokens it produced.
+
+        With ``emit`` (a streamed answer), ``emit(k)`` sends the next ``k`` tokens as
+        they fall due and returns False when the client is gone (counted as an abort)."""
         prefill_s, decode_s = self.generation_s(plan)
         if self.config.mode == "slow":
             prefill_s += self.config.slow_ms / 1e3
         started = time.monotonic()
-        finished = self.wait(ticket, prefill_s + decode_s)
+        if emit is None:
+            finished = self.wait(ticket, prefill_s + decode_s)
+        else:
+            finished = self._stream(ticket, prefill_s, decode_s, answer_tokens, emit)
         held_ms = round(1000 * ((prefill_s + decode_s) if finished else time.monotonic() - started))
         if finished:
             produced = answer_tokens
@@ -522,6 +542,34 @@ class Node:
                 self.counters["finished_length" if plan.truncated else "finished_stop"] += 1
             self.cond.notify_all()
         return finished
+
+    def _stream(
+        self,
+        ticket: Ticket,
+        prefill_s: float,
+        decode_s: float,
+        tokens: int,
+        emit: Callable[[int], bool],
+    ) -> bool:
+        """Emit ``tokens`` over ``decode_s`` after ``prefill_s``; False if cut short."""
+        if not self.wait(ticket, prefill_s):
+            return False
+        begun = time.monotonic()
+        sent = 0
+        while sent < tokens:
+            elapsed = time.monotonic() - begun
+            due = tokens if decode_s <= 0 else min(tokens, int(tokens * elapsed / decode_s))
+            if due > sent:
+                if not emit(due - sent):
+                    ticket.aborted = True  # the client stopped reading: it hung up
+                    return False
+                sent = due
+                continue
+            # The next token falls due at begun + (sent + 1) / tokens × decode_s.
+            pause = max(TICK_S, begun + (sent + 1) * decode_s / tokens - time.monotonic())
+            if not self.wait(ticket, pause):
+                return False
+        return not ticket.done
 
     def _count_abort(self, ticket: Ticket, where: str) -> None:
         if ticket.aborted:

@@ -13,6 +13,9 @@ serves both judge wire formats:
   ``principle`` (optional), ``response_1`` and ``response_2`` (vLLM serving the GenRM chat
   template). Answers are chat completions with ``finish_reason`` and ``usage``.
 
+With ``"stream": true`` either route answers as server-sent events (``_SSEStream``),
+its tokens emitted over the node's simulated decode time.
+
 Also: ``GET /v1/models`` (the served model names), ``GET /health``, ``GET /stats``,
 ``POST /stats/reset`` and ``POST /faults``.
 
@@ -26,16 +29,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import logging
 import math
+import re
 import socket
 import struct
 import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
 from types import TracebackType
@@ -136,6 +141,9 @@ def _parse_judge_request(endpoint: str, body: object) -> JudgeRequest:
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     if not isinstance(response_1, str) or not isinstance(response_2, str):
         raise _BadRequest("both response_1 and response_2 are required")
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
     last_user = next((text for role, text in reversed(conversation) if role == "user"), "")
     all_text = " ".join([*(text for _, text in conversation), response_1, response_2])
     return JudgeRequest(
@@ -149,6 +157,8 @@ def _parse_judge_request(endpoint: str, body: object) -> JudgeRequest:
         roles=roles,
         input_words=len(words(all_text + " " + (principle or ""))),
         messages=tuple(ordered),
+        stream=stream,
+        include_usage=include_usage,
     )
 
 
@@ -464,6 +474,15 @@ class _Handler(BaseHTTPRequestHandler):
             node.hang(ticket)
             self._drop()
             return
+        if mode == "stall":
+            # A hung engine behind a live front end: a streamed request gets its
+            # headers and the stream's opening event, then nothing.
+            if request.stream:
+                with contextlib.suppress(OSError):
+                    _SSEStream(self, request, sequence).open()
+            node.hang(ticket)
+            self._drop()
+            return
         if latency_s > 0 and not node.wait(ticket, latency_s):
             self._drop()
             return
@@ -492,6 +511,9 @@ class _Handler(BaseHTTPRequestHandler):
             answer = _answer_body(request, outcome, sequence, state.config, plan)
             usage = answer["usage"]
             produced = int(usage.get("output_tokens", usage.get("completion_tokens", 0)))
+            if request.stream and outcome != "invalid_json":
+                self._stream_answer(request, outcome, sequence, answer, ticket, plan, produced)
+                return
             if not node.generate(ticket, plan, produced):
                 self._drop()
                 return
@@ -504,6 +526,48 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_truncated(body)
             else:
                 self._send_bytes(200, body, "application/json")
+
+    def _stream_answer(
+        self,
+        request: JudgeRequest,
+        outcome: str,
+        sequence: int,
+        answer: dict[str, Any],
+        ticket: Ticket,
+        plan: Plan,
+        produced: int,
+    ) -> None:
+        """The answer as server-sent events, its tokens over the simulated decode time.
+
+        ``truncate`` sends half the tokens and closes without ending the stream."""
+        node = self._state.node
+        stream = _SSEStream(self, request, sequence)
+        try:
+            stream.open()
+        except OSError:
+            self._drop()
+            return
+        total, events = stream.tokens(answer, produced)
+        if outcome == "truncate":
+            total //= 2
+
+        def emit(count: int) -> bool:
+            try:
+                stream.write(b"".join(itertools.islice(events, count)))
+            except OSError:
+                return False
+            return True
+
+        if not node.generate(ticket, plan, total, emit):
+            self._drop()
+            return
+        node.release(ticket, self.connection)
+        if outcome == "truncate":
+            self.wfile.flush()
+            self._drop()
+            return
+        with contextlib.suppress(OSError):
+            stream.finish(answer)
 
     # -- writing --------------------------------------------------------------------
 
@@ -554,6 +618,144 @@ class _Handler(BaseHTTPRequestHandler):
         connection.close()
         self.rfile = io.BytesIO()
         self.wfile = io.BytesIO()
+
+
+# --------------------------------------------------------------------------------------
+# Streamed answers (server-sent events)
+# --------------------------------------------------------------------------------------
+
+_PIECE = re.compile(r"\s*\S+|\s+$")
+"""An answer's text as stream tokens: each non-blank run with the blanks before it."""
+
+
+class _SSEStream:
+    """One streamed answer in chunked transfer encoding, as vLLM streams both APIs.
+
+    Chat: ``chat.completion.chunk`` objects (an opening role chunk, one per token with
+    ``reasoning_content`` or ``content``, one with ``finish_reason``, with
+    ``stream_options.include_usage`` one with the usage and no choices), then
+    ``data: [DONE]``. Responses: ``response.created``, ``response.reasoning_text.delta``
+    and ``response.output_text.delta`` events, then ``response.completed`` (or
+    ``response.incomplete``) carrying the whole response object, usage included: the
+    same object the non-streamed request gets."""
+
+    def __init__(self, handler: _Handler, request: JudgeRequest, sequence: int) -> None:
+        self._handler = handler
+        self._request = request
+        self._sequence = sequence
+        self._created = int(time.time())
+        self._model = request.model or "fake-genrm"
+        self._counter = 0
+
+    def open(self) -> None:
+        handler = self._handler
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Cache-Control", "no-cache")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        if self._request.endpoint == "responses":
+            opening = self._event(
+                "response.created",
+                {
+                    "response": {
+                        "id": f"resp_fake_{self._sequence:08d}",
+                        "object": "response",
+                        "created_at": self._created,
+                        "model": self._model,
+                        "status": "in_progress",
+                        "output": [],
+                    }
+                },
+            )
+        else:
+            opening = self._chunk({"role": "assistant", "content": ""}, None)
+        self.write(opening)
+
+    def tokens(self, answer: dict[str, Any], produced: int) -> tuple[int, Iterator[bytes]]:
+        """The answer's events, one per token, reasoning first, then the answer text:
+        (how many, made one by one as they are sent, so a long answer is never held)."""
+        if self._request.endpoint == "responses":
+            text = answer["output"][1]["content"][0]["text"]
+        else:
+            text = answer["choices"][0]["message"]["content"]
+        pieces = _PIECE.findall(text)
+        thinking = max(0, produced - len(pieces))
+        return thinking + len(pieces), self._token_events(thinking, pieces)
+
+    def _token_events(self, thinking: int, pieces: list[str]) -> Iterator[bytes]:
+        reasoning = words(REASONING_SUMMARY) or ["thinking"]
+        responses = self._request.endpoint == "responses"
+        for index in range(thinking):
+            word = reasoning[index % len(reasoning)] + " "
+            if responses:
+                yield self._event(
+                    "response.reasoning_text.delta",
+                    {
+                        "item_id": f"rs_fake_{self._sequence:08d}",
+                        "output_index": 0,
+                        "content_index": 0,
+                        "delta": word,
+                    },
+                )
+            else:
+                yield self._chunk({"reasoning_content": word}, None)
+        for piece in pieces:
+            if responses:
+                yield self._event(
+                    "response.output_text.delta",
+                    {
+                        "item_id": f"msg_fake_{self._sequence:08d}",
+                        "output_index": 1,
+                        "content_index": 0,
+                        "delta": piece,
+                    },
+                )
+            else:
+                yield self._chunk({"content": piece}, None)
+
+    def finish(self, answer: dict[str, Any]) -> None:
+        if self._request.endpoint == "responses":
+            kind = (
+                "response.incomplete" if answer["status"] == "incomplete" else "response.completed"
+            )
+            tail = self._event(kind, {"response": answer})
+        else:
+            choice = answer["choices"][0]
+            tail = self._chunk({}, choice["finish_reason"])
+            if self._request.include_usage:
+                tail += self._data({**self._chunk_head(), "choices": [], "usage": answer["usage"]})
+            tail += b"data: [DONE]\n\n"
+        self.write(tail)
+        self._handler.wfile.write(b"0\r\n\r\n")
+        self._handler.wfile.flush()
+
+    def write(self, data: bytes) -> None:
+        if data:
+            wfile = self._handler.wfile
+            wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            wfile.flush()
+
+    def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
+        body = {"type": kind, **fields, "sequence_number": self._counter}
+        self._counter += 1
+        return b"event: " + kind.encode() + b"\n" + self._data(body)
+
+    def _chunk_head(self) -> dict[str, Any]:
+        return {
+            "id": f"chatcmpl-fake-{self._sequence:08d}",
+            "object": "chat.completion.chunk",
+            "created": self._created,
+            "model": self._model,
+        }
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return self._data({**self._chunk_head(), "choices": [choice]})
+
+    @staticmethod
+    def _data(obj: object) -> bytes:
+        return b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n"
 
 
 # --------------------------------------------------------------------------------------

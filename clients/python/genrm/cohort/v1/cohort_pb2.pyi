@@ -229,7 +229,7 @@ class GetCohortResponse(_message.Message):
     def __init__(self, cohort: _Optional[_Union[CohortInfo, _Mapping]] = ...) -> None: ...
 
 class CohortInfo(_message.Message):
-    __slots__ = ("key", "phase", "group_size", "present_indices", "latest_attempt", "failure_reason", "seconds_to_deadline", "judge_passes_reused", "judge_passes_resumed")
+    __slots__ = ("key", "phase", "group_size", "present_indices", "latest_attempt", "failure_reason", "seconds_to_deadline", "judge_passes_reused", "judge_passes_resumed", "judge_in_flight", "judge_tokens_streamed")
     KEY_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +239,8 @@ class CohortInfo(_message.Message):
     SECONDS_TO_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     JUDGE_PASSES_REUSED_FIELD_NUMBER: _ClassVar[int]
     JUDGE_PASSES_RESUMED_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_TOKENS_STREAMED_FIELD_NUMBER: _ClassVar[int]
     key: str
     phase: CohortPhase
     group_size: int
@@ -248,4 +250,6 @@ class CohortInfo(_message.Message):
     seconds_to_deadline: float
     judge_passes_reused: int
     judge_passes_resumed: int
-    def __init__(self, key: _Optional[str] = ..., phase: _Optional[_Union[CohortPhase, str]] = ..., group_size: _Optional[int] = ..., present_indices: _Optional[_Iterable[int]] = ..., latest_attempt: _Optional[int] = ..., failure_reason: _Optional[str] = ..., seconds_to_deadline: _Optional[float] = ..., judge_passes_reused: _Optional[int] = ..., judge_passes_resumed: _Optional[int] = ...) -> None: ...
+    judge_in_flight: int
+    judge_tokens_streamed: int
+    def __init__(self, key: _Optional[str] = ..., phase: _Optional[_Union[CohortPhase, str]] = ..., group_size: _Optional[int] = ..., present_indices: _Optional[_Iterable[int]] = ..., latest_attempt: _Optional[int] = ..., failure_reason: _Optional[str] = ..., seconds_to_deadline: _Optional[float] = ..., judge_passes_reused: _Optional[int] = ..., judge_passes_resumed: _Optional[int] = ..., judge_in_flight: _Optional[int] = ..., judge_tokens_streamed: _Optional[int] = ...) -> None: ...
