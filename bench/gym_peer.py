@@ -20,10 +20,10 @@ serving-side CPU per member (every serving process, from ``/proc/PID/stat``), ju
 per member and p50/p99 member latency, and the ratio ours / Gym.
 
 Part 2 (faults) runs one scripted scenario against Gym's ``/verify`` and ours (groups of
-4): an identical retry of a member, a replacement attempt while the old one is still
-collecting, a member that never arrives, and a judge answering 503 to the first
-``FAIL_FIRST_N`` calls of every pair. Each caller waits at most ``--timeout-s``; the
-counts come from the replies and from the fake judge's per-pair counters.
+16, on the same processes): an identical retry of a member, a replacement attempt while
+the old one is still collecting, a member that never arrives, a judge answering 503 and
+then 400 to every call for a group's pairs. Each caller waits at most ``--timeout-s``;
+the counts come from the replies and from the fake judge's per-pair counters.
 
 Writes ``--out`` (JSON) and prints the Markdown section (``--markdown FILE`` to keep it).
 """
@@ -56,8 +56,8 @@ from bench.util import percentile
 from genrm_grpc.testing.heuristic import pair_key
 
 SIZE = 16
-FAULT_SIZE = 4
-FAIL_FIRST_N = 5  # more than Gym's 1 + genrm_parse_retries (3) calls of a pair
+FAULT_SIZE = SIZE
+FAIL_FIRST_N = 50  # more calls of a pair than either side makes: the pair is never answered
 SIDES = ("gym", "ours-http", "ours-grpc", "ours-stream")
 LABEL = {
     "gym": "Gym genrm_compare `/verify`",
@@ -394,7 +394,13 @@ async def fault_scenario(stack: Stack, side: str, timeout_s: float) -> dict[str,
             )
         return texts[key]
 
-    task_of = {"retry": base + 1, "replace": base + 2, "missing": base + 3, "judge503": base + 4}
+    task_of = {
+        "retry": base + 1,
+        "replace": base + 2,
+        "missing": base + 3,
+        "judge503": base + 4,
+        "judge400": base + 5,
+    }
 
     async with httpx.AsyncClient(timeout=timeout_s) as http:
 
@@ -430,36 +436,35 @@ async def fault_scenario(stack: Stack, side: str, timeout_s: float) -> dict[str,
             tasks = []
             for step in steps:  # arrival order as a trainer's retries produce it
                 tasks.append(asyncio.create_task(send(*step)))
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.05)
             await asyncio.gather(*tasks)
 
-        stack.judge.faults(fail_503_first_n=0, fail_503_rate=0.0)
+        stack.judge.faults(fail_503_first_n=0, fail_400_first_n=0)
         stack.judge.reset()
+        half = FAULT_SIZE // 2
         await asyncio.gather(
-            # an identical retry of member 0 while the original waits
+            # an identical retry of member 0 (its caller timed out) while the original waits
             script(
-                [
-                    ("retry", 0, 0),
-                    ("retry", 0, 1),
-                    ("retry", 0, 0),
-                    ("retry", 0, 2),
-                    ("retry", 0, 3),
-                ]
+                [("retry", 0, 0), ("retry", 0, 1), ("retry", 0, 0)]
+                + [("retry", 0, i) for i in range(2, FAULT_SIZE)]
             ),
-            # attempt 1 replaces attempt 0, which has 2 of its 4 members in
+            # attempt 1 replaces attempt 0, which has half of its members in
             script(
-                [("replace", 0, 0), ("replace", 0, 1)]
+                [("replace", 0, i) for i in range(half)]
                 + [("replace", 1, i) for i in range(FAULT_SIZE)]
             ),
-            # member 3 never arrives
+            # the last member never arrives
             script([("missing", 0, i) for i in range(FAULT_SIZE - 1)]),
         )
         clean_pairs: dict[str, int] = dict(stack.judge.stats()["pairs"])
-        stack.judge.faults(fail_503_first_n=FAIL_FIRST_N)
-        stack.judge.reset()
-        await script([("judge503", 0, i) for i in range(FAULT_SIZE)])
-        fault_pairs: dict[str, int] = dict(stack.judge.stats()["pairs"])
-        stack.judge.faults(fail_503_first_n=0)
+        fault_pairs: dict[str, dict[str, int]] = {}
+        # the judge answers 503 (overloaded), then 400, to every call for a group's pairs
+        for scenario, fault in (("judge503", "fail_503_first_n"), ("judge400", "fail_400_first_n")):
+            stack.judge.faults(**{fault: FAIL_FIRST_N})
+            stack.judge.reset()
+            await script([(scenario, 0, i) for i in range(FAULT_SIZE)])
+            fault_pairs[scenario] = dict(stack.judge.stats()["pairs"])
+            stack.judge.faults(**{fault: 0})
         stack.judge.reset()
 
     return count_faults(replies, texts, clean_pairs, fault_pairs)
@@ -469,7 +474,7 @@ def count_faults(
     replies: list[Reply],
     texts: dict[tuple[str, int, int], str],
     clean_pairs: dict[str, int],
-    fault_pairs: dict[str, int],
+    fault_pairs: dict[str, dict[str, int]],
 ) -> dict[str, Any]:
     """The five counts of the table from the callers' replies and the judge's pairs."""
     # every ordered pair key of texts of one scenario → (text a, text b)
@@ -479,9 +484,9 @@ def count_faults(
             if a[0] == b[0]:
                 names[pair_key(texts[a], texts[b])] = (a, b)
 
-    def judged(
-        pairs: dict[str, int],
-    ) -> list[tuple[tuple[str, int, int], tuple[str, int, int], int]]:
+    Judged = list[tuple[tuple[str, int, int], tuple[str, int, int], int]]
+
+    def judged(pairs: dict[str, int]) -> Judged:
         return [(*names[k], n) for k, n in pairs.items() if k in names]
 
     clean = judged(clean_pairs)
@@ -502,20 +507,23 @@ def count_faults(
     # a judge call beyond one per unordered pair of two different answers
     distinct = {frozenset((a, b)) for a, b, _ in clean if a != b}
     duplicates = sum(n for _, _, n in clean) - len(distinct)
-    # a pair never answered (all its calls within the judge's first FAIL_FIRST_N 503s)
-    failed = any(n <= FAIL_FIRST_N for _, _, n in judged(fault_pairs))
-    error_rewards = (
-        sum(1 for r in rewarded if r.scenario == "judge503") if failed or not fault_pairs else 0
-    )
+    # an ordinary reward for a group with a pair the judge never answered (every call of
+    # it within the judge's first FAIL_FIRST_N failures)
+    error_rewards = 0
+    for scenario, pairs in fault_pairs.items():
+        mine = [n for a, _, n in judged(pairs) if a[0] == scenario]
+        if not mine or min(mine) <= FAIL_FIRST_N:
+            error_rewards += sum(1 for r in rewarded if r.scenario == scenario)
     return {
         "mixed_attempt_rewards": mixed,
         "partial_groups": partial,
         "judge_errors_as_rewards": error_rewards,
         "duplicate_judge_calls": duplicates,
         "callers_left_waiting": sum(1 for r in replies if r.status is None),
+        "http_500": sum(1 for r in replies if r.status == 500),
         "replies": [r.__dict__ for r in replies],
         "judge_pairs_clean": len(clean),
-        "judge_calls_503_phase": sum(fault_pairs.values()),
+        "judge_calls_fault_phases": {k: sum(v.values()) for k, v in fault_pairs.items()},
     }
 
 
@@ -590,11 +598,13 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "### The same faults on both (simulated judge)",
         "",
-        f"One scripted scenario through `/verify` on each side, groups of {FAULT_SIZE}: an "
-        "identical retry of member 0 while the original waits; attempt 1 of a group sent "
-        "while attempt 0 has 2 of its 4 members in; a group whose member 3 never arrives; "
-        f"a group judged while the judge answers 503 to the first {FAIL_FIRST_N} calls of "
-        f"every pair. Each caller waits at most {cfg['timeout_s']:g} s; ours runs with "
+        f"One scripted scenario through `/verify` on each side, groups of {FAULT_SIZE}, "
+        "members sent 50 ms apart: an identical retry of member 0 (its caller gave up) "
+        "while the original waits; attempt 1 of a group sent while attempt 0 has half of "
+        "its members in; a group whose last member never arrives; then a group judged "
+        "while the judge answers 503 to every call for its pairs, and one while it answers "
+        f"400 (the first {FAIL_FIRST_N} calls of each pair, more than either side makes). "
+        f"Each caller waits at most {cfg['timeout_s']:g} s; ours runs with "
         f"`cohort_collection_timeout_s: {cfg['collection_timeout_s']:g}`. Counts from the "
         "callers' replies and the fake judge's per-pair counters (duplicates: the three "
         "fault-free groups, calls beyond one per pair of two different answers).",
@@ -606,6 +616,16 @@ def markdown(result: dict[str, Any]) -> str:
     for key, text in FAULT_ROWS:
         lines.append(f"| {text} | {faults['gym'][key]} | {faults['ours-http'][key]} |")
     lines += [
+        "",
+        f"Besides, Gym answered {faults['gym']['http_500']} callers with HTTP 500 (its "
+        "buffer for a prompt grew past the group size: an `assert` in `verify`); ours "
+        f"{faults['ours-http']['http_500']}. Ours answers the superseded attempt and the "
+        "group that never completes with errors (HTTP 409/503 from the `/verify` adapter) "
+        "and the group whose judge calls all failed with masked results "
+        "(`mask_sample: true`), never a score. Gym's model server retries a 503 every "
+        "0.5 s without limit (`RATE_LIMIT_ERROR_CODES` in `nemo_gym.openai_utils`), so "
+        "during an outage its callers wait; a 400 (or a 500 after its retries, or an "
+        "unparseable verdict) becomes genrm_compare's default scores, returned as a reward.",
         "",
         f"**Honesty.** nemo-gym {cfg['gym_version']} is the release on PyPI, and this is "
         "what it does; NeMo Gym's main branch has moved on since (the cohort-lifecycle "
@@ -640,7 +660,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
     }
     result: dict[str, Any] = {"config": config}
-    with running(logs, SIZE, args.latency_ms) as stack:
+    with running(
+        logs, SIZE, args.latency_ms, cohort_collection_timeout_s=args.collection_timeout_s
+    ) as stack:
         result["throughput"] = asyncio.run(
             throughput(
                 stack,
@@ -650,9 +672,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 answer_bytes=args.answer_bytes,
             )
         )
-    with running(
-        logs, FAULT_SIZE, args.latency_ms, cohort_collection_timeout_s=args.collection_timeout_s
-    ) as stack:
+        # after the throughput rounds: Gym keeps retrying a 503 in the background
         result["faults"] = {
             side: asyncio.run(fault_scenario(stack, side, args.timeout_s))
             for side in ("gym", "ours-http")

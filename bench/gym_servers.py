@@ -78,12 +78,12 @@ def _genrm_model_mixin() -> Any:
 def _model(args: argparse.Namespace) -> Any:
     from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
 
-    GenRMModelMixin = _genrm_model_mixin()  # noqa: N806
+    GenRMModelMixin = _genrm_model_mixin()
 
-    class Config(VLLMModelConfig):
+    class Config(VLLMModelConfig):  # type: ignore[misc]
         supports_principle_role: bool = True
 
-    class GenRMOnVLLM(GenRMModelMixin, VLLMModel):  # type: ignore[misc]
+    class GenRMOnVLLM(GenRMModelMixin, VLLMModel):  # type: ignore[misc, valid-type]
         config: Config
 
     config = Config(
