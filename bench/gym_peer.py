@@ -641,6 +641,23 @@ def markdown(result: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- main
 
+KEPT = "vs-nemo-gym"
+
+
+def write_section(page: pathlib.Path, text: str) -> None:
+    """Put ``text`` into ``page`` as its kept section ``vs-nemo-gym`` (replacing the old
+    one, or appended), which ``make bench`` carries over when it rewrites the page."""
+    from bench.mpreport import keep_sections
+
+    block = f"<!-- BEGIN KEPT SECTION: {KEPT} -->\n{text}<!-- END KEPT SECTION: {KEPT} -->\n"
+    old = page.read_text() if page.exists() else ""
+    begin = f"<!-- BEGIN KEPT SECTION: {KEPT} -->"
+    if begin in old:
+        # keep_sections takes kept bodies from its second argument: the new one
+        page.write_text(keep_sections(old, block))
+    else:
+        page.write_text(old.rstrip("\n") + "\n\n" + block)
+
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import importlib.metadata
@@ -694,12 +711,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--logs", help="directory for process logs (default: a temp dir)")
     parser.add_argument("--out", default="bench-gym.json")
     parser.add_argument("--markdown", help="also write the Markdown section here")
+    parser.add_argument(
+        "--docs", type=pathlib.Path, help="write the section into this page (performance.md)"
+    )
     args = parser.parse_args(argv)
     result = run(args)
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
     text = markdown(result)
     if args.markdown:
         pathlib.Path(args.markdown).write_text(text)
+    if args.docs:
+        write_section(args.docs, text)
     sys.stdout.write(text)
     return 0
 
