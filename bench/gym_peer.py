@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import pathlib
 import statistics
 import sys
@@ -45,6 +46,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import grpc
 import httpx
 from genrm.cohort.v1 import cohort_pb2 as pb
@@ -178,33 +180,45 @@ def running(logs: pathlib.Path, size: int, latency_ms: float, **serve: Any) -> I
                 launch.PRINCIPLE,
             )
         )
-        service = keep(
-            launch.start_service(
-                f"{tag}-ours-serve",
-                judge.url,
-                logs,
-                concurrency=serve.pop("concurrency", 64),
-                judge_keys={
-                    "api": "chat_completions",
-                    "max_output_tokens": 1024,
-                    "max_connections": 256,
-                },
-                num_rollouts_per_prompt=size,
-                **serve,
-            )
+        ours = start_ours(f"{tag}-ours", judge, logs, size, **serve)
+        result = Stack(judge, [model, compare], ours)
+
+        @stack.callback
+        def _stop_ours() -> None:  # whichever of ours runs at the end
+            for proc in result.ours:
+                proc.stop()
+
+        yield result
+
+
+def start_ours(
+    name: str, judge: launch.FakeJudge, logs: pathlib.Path, size: int, **serve: Any
+) -> list[launch.Proc]:
+    """``genrm-grpc serve`` (the judge requests Gym's model server sends: chat
+    completions) and the ``genrm_grpc_compare`` resources server in front of it."""
+    service = launch.start_service(
+        f"{name}-serve",
+        judge,
+        logs,
+        concurrency=serve.pop("concurrency", 64),
+        judge_keys={"api": "chat_completions", "max_output_tokens": 1024},
+        num_rollouts_per_prompt=size,
+        **serve,
+    )
+    try:
+        adapter = launch.start_gym(
+            f"{name}-adapter",
+            "genrm_grpc_compare",
+            logs,
+            "--grpc-target",
+            service.target,
+            "--size",
+            str(size),
         )
-        adapter = keep(
-            launch.start_gym(
-                f"{tag}-ours-adapter",
-                "genrm_grpc_compare",
-                logs,
-                "--grpc-target",
-                service.target,
-                "--size",
-                str(size),
-            )
-        )
-        yield Stack(judge, [model, compare], [service, adapter])
+    except BaseException:
+        service.stop()
+        raise
+    return [service, adapter]
 
 
 # ----------------------------------------------------------------------------- part 1
@@ -217,6 +231,7 @@ class Round:
     errors: int = 0
     elapsed_s: float = 0.0
     cpu_s: float = 0.0
+    caller_cpu_s: float = 0.0
     judge_calls: int = 0
     latencies: list[float] = field(default_factory=list)
     first_error: str | None = None
@@ -229,6 +244,7 @@ class Round:
             "errors": self.errors,
             "members_per_s": self.members / self.elapsed_s if self.elapsed_s else math.nan,
             "cpu_ms_per_member": self.cpu_s / m * 1e3,
+            "caller_cpu_ms_per_member": self.caller_cpu_s / m * 1e3,
             "judge_calls_per_member": self.judge_calls / m,
             "p50_ms": percentile(self.latencies, 0.5) * 1e3,
             "p99_ms": percentile(self.latencies, 0.99) * 1e3,
@@ -237,18 +253,20 @@ class Round:
 
 
 class Driver:
-    """The callers: HTTP ``/verify`` (httpx, as Gym's agents POST it) and gRPC."""
+    """The callers (this process): HTTP ``/verify`` and gRPC."""
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
-        limits = httpx.Limits(max_connections=2048, max_keepalive_connections=2048)
-        self.http = httpx.AsyncClient(limits=limits, timeout=300)
+        # aiohttp, the client Gym's own agents call /verify with (nemo_gym.server_utils)
+        self.http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=300)
+        )
         self.channel = grpc.aio.insecure_channel(stack.ours[0].target)
         self.stub = pb_grpc.CohortServiceStub(self.channel)
         self.task = 0
 
     async def close(self) -> None:
-        await self.http.aclose()
+        await self.http.close()
         await self.channel.close()
 
     async def group(self, side: str, n: int, rnd: Round, answer_bytes: int) -> None:
@@ -267,9 +285,10 @@ class Driver:
             async def one(i: int) -> None:
                 body = verify_payload(group, task, n, i, answer_text(n, i, answer_bytes))
                 t0 = perf()
-                reply = await self.http.post(url, json=body)
-                if reply.status_code != 200:
-                    fail(f"HTTP {reply.status_code} {reply.text[:200]}")
+                async with self.http.post(url, json=body) as reply:
+                    data = await reply.read()
+                if reply.status != 200:
+                    fail(f"HTTP {reply.status} {data[:200]!r}")
                     return
                 rnd.latencies.append(perf() - t0)
                 rnd.members += 1
@@ -313,6 +332,7 @@ class Driver:
         procs = self.stack.serving(side)
         self.stack.judge.reset()
         cpu0 = sum(p.cpu() for p in procs)
+        caller0 = launch.cpu_seconds(os.getpid())
         queue = iter(range(prefix, prefix + groups))
         started = time.perf_counter()
 
@@ -323,6 +343,7 @@ class Driver:
         await asyncio.gather(*(worker() for _ in range(in_flight)))
         rnd.elapsed_s = time.perf_counter() - started
         rnd.cpu_s = sum(p.cpu() for p in procs) - cpu0
+        rnd.caller_cpu_s = launch.cpu_seconds(os.getpid()) - caller0
         rnd.judge_calls = int(self.stack.judge.stats()["total"])
         return rnd
 
@@ -347,6 +368,7 @@ async def throughput(
 
 
 METRICS = ("members_per_s", "cpu_ms_per_member", "judge_calls_per_member", "p50_ms", "p99_ms")
+EXTRA = ("caller_cpu_ms_per_member",)
 
 
 def summarize(per_side: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -358,7 +380,7 @@ def summarize(per_side: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 "min": min(r[m] for r in rows),
                 "max": max(r[m] for r in rows),
             }
-            for m in METRICS
+            for m in METRICS + EXTRA
         }
         out[side]["errors"] = sum(r["errors"] for r in rows)
         out[side]["members"] = sum(r["members"] for r in rows)
@@ -500,10 +522,13 @@ def count_faults(
         seen = {x for a, b, _ in clean if a[0] == scenario for x in (a, b)}
         if len({a[1] for a in seen}) > 1:
             mixed += len(got)  # rewards computed from a set holding two attempts
-        latest = max(r.attempt for r in replies if r.scenario == scenario)
-        wanted = {k for k in texts if k[0] == scenario and k[1] == latest}
-        if scenario == "missing" or not wanted <= seen:
-            partial += 1  # a group rewarded without all members of its attempt
+        # an attempt of which some members got rewards and others none: its reward set
+        # cannot have held all of them
+        for attempt in {r.attempt for r in got}:
+            members = {r.index for r in replies if r.scenario == scenario and r.attempt == attempt}
+            paid = {r.index for r in got if r.attempt == attempt}
+            if paid != members:
+                partial += 1
     # a judge call beyond one per unordered pair of two different answers
     distinct = {frozenset((a, b)) for a, b, _ in clean if a != b}
     duplicates = sum(n for _, _, n in clean) - len(distinct)
@@ -584,7 +609,13 @@ def markdown(result: dict[str, Any]) -> str:
         "Serving CPU counts every process that serves: Gym's resources server and its "
         "model server; for ours through `/verify` the `genrm_grpc_compare` server and "
         "`genrm-grpc serve`; for gRPC `genrm-grpc serve` alone. Not counted: the callers "
-        "and the fake judge. "
+        "and the fake judge. The callers all run in one process (aiohttp for `/verify`, "
+        "as Gym's agents call it; grpc.aio) on the same machine; their CPU per member: "
+        + ", ".join(
+            f"{LABEL[side]} {_f(s[side]['caller_cpu_ms_per_member']['median'], 2)} ms"
+            for side in SIDES
+        )
+        + ". "
         + (f"Failed members: {errors}." if errors else "No member failed on any side."),
         "",
         "Where the wire formats differ: both judge paths send the pair to the fake judge's "
@@ -661,7 +692,6 @@ def write_section(page: pathlib.Path, text: str) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import importlib.metadata
-    import os
 
     logs = pathlib.Path(args.logs or tempfile.mkdtemp(prefix="bench-gym-"))
     logs.mkdir(parents=True, exist_ok=True)
@@ -677,9 +707,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
     }
     result: dict[str, Any] = {"config": config}
-    with running(
-        logs, SIZE, args.latency_ms, cohort_collection_timeout_s=args.collection_timeout_s
-    ) as stack:
+    with running(logs, SIZE, args.latency_ms) as stack:
         result["throughput"] = asyncio.run(
             throughput(
                 stack,
@@ -689,7 +717,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 answer_bytes=args.answer_bytes,
             )
         )
-        # after the throughput rounds: Gym keeps retrying a 503 in the background
+        # ours again with a short collection deadline (the throughput rounds keep the
+        # default: a member may arrive late there); Gym's servers are the same processes
+        for proc in stack.ours:
+            proc.stop()
+        stack.ours = start_ours(
+            "g16-ours-faults",
+            stack.judge,
+            logs,
+            SIZE,
+            cohort_collection_timeout_s=args.collection_timeout_s,
+        )
         result["faults"] = {
             side: asyncio.run(fault_scenario(stack, side, args.timeout_s))
             for side in ("gym", "ours-http")
