@@ -54,6 +54,7 @@ class Proc:
         *,
         stdin: bool = False,
         env: dict[str, str] | None = None,
+        cwd: pathlib.Path | None = None,
     ) -> None:
         self.name = name
         self.log_path = logs / f"{name}.log"
@@ -67,6 +68,7 @@ class Proc:
             stderr=self._log,
             text=True,
             env=env,
+            cwd=cwd,
         )
         assert self.proc.stdout is not None
         self.stdout: IO[str] = self.proc.stdout
@@ -263,7 +265,8 @@ class FakeJudge(Proc):
         super().__init__(name, argv, r"listening on http://[\d.]+:(\d+)", logs)
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def _call(self, path: str, body: dict[str, Any] | None = None) -> Any:
+    def call(self, path: str, body: Any = None, timeout: float = 120) -> Any:
+        """GET ``path`` (no body) or POST ``body`` as JSON; the decoded answer."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             self.url + path,
@@ -271,18 +274,18 @@ class FakeJudge(Proc):
             headers={"content-type": "application/json"},
             method="GET" if body is None else "POST",
         )
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read() or b"null")
 
     def stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = self._call("/stats")
+        stats: dict[str, Any] = self.call("/stats")
         return stats
 
     def reset(self) -> None:
-        self._call("/stats/reset", {})
+        self.call("/stats/reset", {})
 
     def faults(self, **changes: Any) -> None:
-        self._call("/faults", changes)
+        self.call("/faults", changes)
 
 
 #: Directory of the NeMo Gym resources server package ``genrm_grpc_compare``.
@@ -301,4 +304,5 @@ def start_gym(name: str, kind: str, logs: pathlib.Path, *args: str) -> Proc:
     """One of :mod:`bench.gym_servers` (``model``, ``genrm_compare``,
     ``genrm_grpc_compare``) under this interpreter, which must be the Gym venv's."""
     argv = [sys.executable, "-m", "bench.gym_servers", kind, *args]
-    return Proc(name, argv, r"serving on [\d.]+:(\d+)", logs, env=gym_env())
+    # cwd: Gym's servers write Hydra's outputs/ into their working directory.
+    return Proc(name, argv, r"serving on [\d.]+:(\d+)", logs, env=gym_env(), cwd=logs)
