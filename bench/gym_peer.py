@@ -54,6 +54,7 @@ from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 
 from bench import launch
 from bench.loadgen import PROMPT_TEXT, answer_text
+from bench.mpreport import write_section
 from bench.util import percentile
 from genrm_grpc.testing.heuristic import pair_key
 
@@ -675,21 +676,6 @@ def markdown(result: dict[str, Any]) -> str:
 KEPT = "vs-nemo-gym"
 
 
-def write_section(page: pathlib.Path, text: str) -> None:
-    """Put ``text`` into ``page`` as its kept section ``vs-nemo-gym`` (replacing the old
-    one, or appended), which ``make bench`` carries over when it rewrites the page."""
-    from bench.mpreport import keep_sections
-
-    block = f"<!-- BEGIN KEPT SECTION: {KEPT} -->\n{text}<!-- END KEPT SECTION: {KEPT} -->\n"
-    old = page.read_text() if page.exists() else ""
-    begin = f"<!-- BEGIN KEPT SECTION: {KEPT} -->"
-    if begin in old:
-        # keep_sections takes kept bodies from its second argument: the new one
-        page.write_text(keep_sections(old, block))
-    else:
-        page.write_text(old.rstrip("\n") + "\n\n" + block)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import importlib.metadata
 
@@ -759,7 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         pathlib.Path(args.markdown).write_text(text)
     if args.docs:
-        write_section(args.docs, text)
+        page = pathlib.Path(args.docs)
+        page.write_text(write_section(page.read_text() if page.exists() else "", KEPT, text))
     sys.stdout.write(text)
     return 0
 
