@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv redis-server proto proto-image buf-deps buf-lint buf-breaking lint typecheck test test-integrations demo bench clean
+.PHONY: venv redis-server proto proto-image buf-deps buf-lint buf-breaking lint typecheck test test-integrations demo bench bench-gym clean
 
 venv: $(STAMP)
 
@@ -81,6 +81,14 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run
 	$(PY) -m bench.farm --all --update-docs docs/performance.md
+
+# The "vs NeMo Gym genrm_compare" section alone (bench/gym_peer.py, about 3 min): NeMo
+# Gym's own servers and ours in front of one fake judge, written into
+# docs/performance.md. It runs under the Gym venv (built as for test-integrations); a
+# full `make bench` runs it too when that venv exists.
+bench-gym:
+	bash integrations/nemo_gym/gym-env.sh $(GYM_VENV)
+	PYTHONPATH=$(CURDIR):$(CURDIR)/clients/python:$(CURDIR)/integrations/nemo_gym $(GYM_VENV)/bin/python -m bench.gym_peer --docs docs/performance.md --out docs/performance/gym-peer.json
 
 # 2,000 groups x 16 members under judge faults and hostile clients, in process, twice:
 # with judge_outage_tolerance_s 0 and 10 (masked share of each); see docs/soak.md.

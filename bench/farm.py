@@ -31,11 +31,10 @@ import pathlib
 import statistics
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from bench.launch import LoadGen, Proc, _genrm_grpc, start_service
+from bench.launch import MODEL, FakeJudge, LoadGen, Proc, start_service
 from bench.mpreport import write_section
 
 SLOTS = 8
@@ -73,26 +72,14 @@ def _node_args(plan: FarmPlan) -> list[str]:
         "--output-tokens", f"bimodal:{a}:{round(a * 1.8)}:0.4:{a // 10}",
         "--prefill-ms-per-token", str(plan.prefill_ms_per_token),
         "--time-scale", str(plan.time_scale),
-        "--model", "bench-genrm",
     ]  # fmt: skip
 
 
-class Node(Proc):
+class Node(FakeJudge):
+    """One farm node: the fake judge with the plan's slots, speed and length model."""
+
     def __init__(self, name: str, plan: FarmPlan, logs: pathlib.Path) -> None:
-        argv = [*_genrm_grpc(), "fake-judge", "--port", "0", *_node_args(plan)]
-        super().__init__(name, argv, r"listening on http://[\d.]+:(\d+)", logs)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def call(self, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path, data=data, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            return json.loads(reply.read() or b"null")
+        super().__init__(name, logs, *_node_args(plan))
 
     def node_stats(self) -> dict[str, Any]:
         stats: dict[str, Any] = self.call("/stats")["node"]
@@ -113,7 +100,7 @@ def _server(
     per_node: int = SLOTS,
     scrape_s: float | None = None,
 ) -> Proc:
-    judge: dict[str, Any] = {"api": "chat_completions", "model": "bench-genrm"}
+    judge: dict[str, Any] = {"api": "chat_completions", "model": MODEL}
     if variant != "l4" and len(urls) > 1:
         judge["urls"] = urls
         judge["routing"] = variant

@@ -54,6 +54,7 @@ class Proc:
         *,
         stdin: bool = False,
         env: dict[str, str] | None = None,
+        cwd: pathlib.Path | None = None,
     ) -> None:
         self.name = name
         self.log_path = logs / f"{name}.log"
@@ -67,6 +68,7 @@ class Proc:
             stderr=self._log,
             text=True,
             env=env,
+            cwd=cwd,
         )
         assert self.proc.stdout is not None
         self.stdout: IO[str] = self.proc.stdout
@@ -151,7 +153,7 @@ def fresh_store(logs: pathlib.Path, name: str) -> str:
 
 def start_service(
     name: str,
-    judge: Judge | str,
+    judge: Judge | FakeJudge | str,
     logs: pathlib.Path,
     *,
     concurrency: int,
@@ -252,3 +254,55 @@ class LoadGen(Proc):
     def run(self, **cmd: Any) -> dict[str, Any]:
         self.send(**cmd)
         return self.result()
+
+
+class FakeJudge(Proc):
+    """``genrm-grpc fake-judge``: the OpenAI-API test double with per-pair counts
+    (``/stats``) and faults switched at run time (``/faults``); see docs/fake-judge.md."""
+
+    def __init__(self, name: str, logs: pathlib.Path, *flags: str) -> None:
+        argv = [*_genrm_grpc(), "fake-judge", "--port", "0", "--model", MODEL, *flags]
+        super().__init__(name, argv, r"listening on http://[\d.]+:(\d+)", logs)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def call(self, path: str, body: Any = None, timeout: float = 120) -> Any:
+        """GET ``path`` (no body) or POST ``body`` as JSON; the decoded answer."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            headers={"content-type": "application/json"},
+            method="GET" if body is None else "POST",
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self.call("/stats")
+        return stats
+
+    def reset(self) -> None:
+        self.call("/stats/reset", {})
+
+    def faults(self, **changes: Any) -> None:
+        self.call("/faults", changes)
+
+
+#: Directory of the NeMo Gym resources server package ``genrm_grpc_compare``.
+GYM_INTEGRATION = ROOT / "integrations" / "nemo_gym"
+
+
+def gym_env() -> dict[str, str]:
+    """``PYTHONPATH`` for a process under the Gym venv: this checkout, its Python client
+    and the ``genrm_grpc_compare`` package."""
+    paths = [str(ROOT), str(ROOT / "clients" / "python"), str(GYM_INTEGRATION)]
+    old = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([*paths, *([old] if old else [])])}
+
+
+def start_gym(name: str, kind: str, logs: pathlib.Path, *args: str) -> Proc:
+    """One of :mod:`bench.gym_servers` (``model``, ``genrm_compare``,
+    ``genrm_grpc_compare``) under this interpreter, which must be the Gym venv's."""
+    argv = [sys.executable, "-m", "bench.gym_servers", kind, *args]
+    # cwd: Gym's servers write Hydra's outputs/ into their working directory.
+    return Proc(name, argv, r"serving on [\d.]+:(\d+)", logs, env=gym_env(), cwd=logs)

@@ -31,6 +31,7 @@ import os
 import pathlib
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -41,7 +42,7 @@ from typing import Any
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient
 
-from bench import memory, report
+from bench import launch, memory, report
 from bench.mpreport import keep_sections
 from bench.multiproc import MP_SECTIONS, QUICK_MULTI, MultiPlan, run_multi
 from bench.service import (
@@ -609,7 +610,7 @@ async def run_async(plan: Plan, out: dict[str, Any]) -> None:
 
 def parse_args(
     argv: Sequence[str] | None,
-) -> tuple[Plan, pathlib.Path, pathlib.Path | None, pathlib.Path | None, pathlib.Path | None]:
+) -> tuple[Plan, pathlib.Path, pathlib.Path | None, pathlib.Path | None, pathlib.Path | None, bool]:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run (~2-3 min)")
     parser.add_argument("--ops", type=int, help="registry.submit calls per retained size")
@@ -638,6 +639,12 @@ def parse_args(
         type=pathlib.Path,
         help="keep the multi-process logs, configs and py-spy output in this directory",
     )
+    parser.add_argument(
+        "--gym",
+        action="store_true",
+        help="also run the vs NeMo Gym section (bench/gym_peer.py; needs the Gym venv); "
+        "a full run does by default",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()
     changes: dict[str, Any] = {
@@ -647,11 +654,11 @@ def parse_args(
         "sections": tuple(args.only) if args.only else None,
     }
     plan = replace(plan, **{k: v for k, v in changes.items() if v is not None})
-    return plan, args.output, args.docs, args.keep_logs, args.render
+    return plan, args.output, args.docs, args.keep_logs, args.render, args.gym
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    plan, output, docs_dir, keep_logs, rendered = parse_args(argv)
+    plan, output, docs_dir, keep_logs, rendered, gym = parse_args(argv)
     if rendered is not None:
         return render(rendered, docs_dir)
     logging.getLogger("genrm_grpc").addHandler(WARNINGS)
@@ -720,7 +727,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     output.write_text(text)
     docs = write_docs(out, docs_dir)
     print(f"total {out['duration_s']} s; results written to {output}; report {docs}/performance.md")
+    if gym or (plan.sections == SECTIONS and not out["quick"]):
+        return run_gym_peer(docs)
     return 0
+
+
+def run_gym_peer(docs: pathlib.Path) -> int:
+    """The "vs NeMo Gym genrm_compare" section (``bench/gym_peer.py``) under the Gym venv
+    (``GYM_VENV``, default ``build/gym-venv``, built by ``make test-integrations`` or
+    ``make bench-gym``), written into ``DOCS/performance.md``; skipped without it."""
+    venv = pathlib.Path(os.environ.get("GYM_VENV") or launch.ROOT / "build" / "gym-venv")
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"vs NeMo Gym: skipped, no Gym venv at {venv} (make bench-gym builds it)")
+        return 0
+    argv = [
+        str(python),
+        "-m",
+        "bench.gym_peer",
+        "--docs",
+        str(docs / "performance.md"),
+        "--out",
+        str(docs / "performance" / "gym-peer.json"),
+    ]
+    env = {**os.environ, **launch.gym_env()}
+    return subprocess.run(argv, env=env, cwd=launch.ROOT, check=False).returncode
 
 
 def write_docs(out: dict[str, Any], docs_dir: pathlib.Path | None) -> pathlib.Path:
