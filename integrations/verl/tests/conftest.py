@@ -61,7 +61,41 @@ def grpc_stack(_store_file: None) -> Iterator[tuple[str, str]]:
         yield stack
 
 
-WORDS = ["name", "a", "prime", "number", "what", "is", "the", "capital", "of", "france", "seven", "two", "four", "nine", "paris", "lyon", "it", "only", "even", "divisible", "by", "one", "and", "itself", "city", "river", "blue", "green", "red", ".", ",", "?", "!"]
+WORDS = [
+    "name",
+    "a",
+    "prime",
+    "number",
+    "what",
+    "is",
+    "the",
+    "capital",
+    "of",
+    "france",
+    "seven",
+    "two",
+    "four",
+    "nine",
+    "paris",
+    "lyon",
+    "it",
+    "only",
+    "even",
+    "divisible",
+    "by",
+    "one",
+    "and",
+    "itself",
+    "city",
+    "river",
+    "blue",
+    "green",
+    "red",
+    ".",
+    ",",
+    "?",
+    "!",
+]
 
 
 @pytest.fixture(scope="session")
