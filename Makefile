@@ -77,6 +77,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run
 	$(PY) -m bench.farm --update-docs docs/performance.md
+	$(PY) -m bench.tokens --update-docs docs/performance.md
 
 # 2,000 groups x 16 members under judge faults and hostile clients, in process, twice:
 # with judge_outage_tolerance_s 0 and 10 (masked share of each); see docs/soak.md.

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.launch import LoadGen, Proc, _genrm_grpc, start_service
-from bench.mpreport import write_section
+from bench.mpreport import publish, section_args
 
 SLOTS = 8
 NODES = 4
@@ -77,8 +77,10 @@ def _node_args(plan: FarmPlan) -> list[str]:
 
 
 class Node(Proc):
-    def __init__(self, name: str, plan: FarmPlan, logs: pathlib.Path) -> None:
-        argv = [*_genrm_grpc(), "fake-judge", "--port", "0", *_node_args(plan)]
+    """A ``genrm-grpc fake-judge`` farm node started with ``args`` (its node flags)."""
+
+    def __init__(self, name: str, args: list[str], logs: pathlib.Path) -> None:
+        argv = [*_genrm_grpc(), "fake-judge", "--port", "0", *args]
         super().__init__(name, argv, r"listening on http://[\d.]+:(\d+)", logs)
 
     @property
@@ -215,7 +217,7 @@ def run(plan: FarmPlan, logs: pathlib.Path) -> dict[str, Any]:
     load: LoadGen | None = None
     runs: list[dict[str, Any]] = []
     try:
-        nodes = [Node(f"farm-node-{k}", plan, logs) for k in range(NODES)]
+        nodes = [Node(f"farm-node-{k}", _node_args(plan), logs) for k in range(NODES)]
         load = LoadGen(logs)
         for r in range(plan.rounds):
             order = plan.variants if r % 2 == 0 else tuple(reversed(plan.variants))
@@ -320,22 +322,13 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.farm", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="a small step, one round")
-    parser.add_argument("--rounds", type=int, help="rounds (default 3)")
-    parser.add_argument("--groups", type=int, help="groups per step (default 128)")
     parser.add_argument(
         "--in-flight-per-node", type=int, help=f"judge.max_in_flight (default {SLOTS})"
     )
     parser.add_argument("--scrape-metrics-s", type=float, help="judge.scrape_metrics_s")
     parser.add_argument("--variants", help="comma-separated subset of the variants")
     parser.add_argument("--no-sick", action="store_true", help="skip the sick-node runs")
-    parser.add_argument("--json", help="write the result here")
-    parser.add_argument(
-        "--update-docs",
-        metavar="PAGE",
-        help="write the section into this page (docs/performance.md), between its markers",
-    )
-    parser.add_argument("--logs", default="build/bench/farm", help="process logs")
+    section_args(parser, "build/bench/farm")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FarmPlan()
     if args.rounds:
@@ -351,15 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_sick:
         plan = FarmPlan(**{**plan.__dict__, "sick": False})
     result = run(plan, pathlib.Path(args.logs))
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(result, indent=2))
     text = markdown(result)
-    print(text)
-    if args.update_docs:
-        page = pathlib.Path(args.update_docs)
-        command = "python -m bench.farm" + (" --quick" if args.quick else "")
-        body = f"## Judge farm (simulated)\n\n`{command}` (part of `make bench`).\n\n{text}\n"
-        page.write_text(write_section(page.read_text(), "judge-farm", body))
+    publish(
+        args, result, text, name="judge-farm", title="Judge farm (simulated)", module="bench.farm"
+    )
     return 0
 
 
