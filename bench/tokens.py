@@ -70,10 +70,12 @@ class TokensPlan:
     parse_retries: int = 3
     #: A third variant per budget, ``judge.adaptive_budget_margin`` at this figure (None:
     #: none): a probe of what the margin costs, not a target.
-    probe_margin: float | None = None
+    probe_margin: float | None = 1.05
 
 
-QUICK = TokensPlan(groups=16, size=4, warmup_groups=32, rounds=1, time_scale=0.0005)
+QUICK = TokensPlan(
+    groups=16, size=4, warmup_groups=32, rounds=1, time_scale=0.0005, probe_margin=None
+)
 
 
 def _node_args(plan: TokensPlan, seed: int) -> list[str]:
@@ -491,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--probe-margin",
         type=float,
-        help="add a variant per budget with this judge.adaptive_budget_margin (not a target)",
+        help="the probe variant's judge.adaptive_budget_margin (default 1.05; 0: no probe)",
     )
     section_args(parser, "build/bench/tokens")
     args = parser.parse_args(argv)
@@ -503,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         "probe_margin": args.probe_margin,
     }
     plan = TokensPlan(**{**plan.__dict__, **{k: v for k, v in changes.items() if v}})
+    if args.probe_margin == 0:
+        plan = TokensPlan(**{**plan.__dict__, "probe_margin": None})
     result = run(plan, pathlib.Path(args.logs))
     text = markdown(result)
     publish(

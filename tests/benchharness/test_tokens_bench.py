@@ -9,7 +9,17 @@ import pathlib
 
 import pytest
 
-from bench.tokens import MODES, QUICK, TokensPlan, ideal_saving, markdown, run
+from bench.tokens import (
+    MODES,
+    QUICK,
+    TokensPlan,
+    budget_for_saving,
+    ideal_saving,
+    ideal_tokens_per_verdict,
+    markdown,
+    model_tokens_per_verdict,
+    run,
+)
 
 
 def test_the_ideal_saving_of_the_model_is_the_issues_figure() -> None:
@@ -17,6 +27,18 @@ def test_the_ideal_saving_of_the_model_is_the_issues_figure() -> None:
     plan = TokensPlan()
     assert ideal_saving(plan, 16384) == pytest.approx(0.25, abs=0.005)
     assert ideal_saving(plan, 49152) == pytest.approx(0.67, abs=0.005)
+
+
+def test_the_budget_a_saving_needs_inverts_the_model_of_the_adaptive_budget() -> None:
+    plan = TokensPlan()
+    for cap in (16384, 49152):
+        need = budget_for_saving(plan, cap, 0.8 * ideal_saving(plan, cap))
+        saving = 1 - model_tokens_per_verdict(plan, need, cap) / ideal_tokens_per_verdict(plan, cap)
+        assert saving == pytest.approx(0.8 * ideal_saving(plan, cap))
+    # A budget equal to the cap saves nothing.
+    assert model_tokens_per_verdict(plan, 16384, 16384) == pytest.approx(
+        ideal_tokens_per_verdict(plan, 16384)
+    )
 
 
 def test_the_quick_tokens_bench_counts_every_token_once(tmp_path: pathlib.Path) -> None:
