@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.launch import MODEL, FakeJudge, LoadGen, Proc, start_service
-from bench.mpreport import write_section
+from bench.mpreport import publish, section_args, write_section
 
 SLOTS = 8
 NODES = 4
@@ -76,10 +76,10 @@ def _node_args(plan: FarmPlan) -> list[str]:
 
 
 class Node(FakeJudge):
-    """One farm node: the fake judge with the plan's slots, speed and length model."""
+    """A farm node: the fake judge started with ``args`` (its node flags)."""
 
-    def __init__(self, name: str, plan: FarmPlan, logs: pathlib.Path) -> None:
-        super().__init__(name, logs, *_node_args(plan))
+    def __init__(self, name: str, args: list[str], logs: pathlib.Path) -> None:
+        super().__init__(name, logs, *args)
 
     def node_stats(self) -> dict[str, Any]:
         stats: dict[str, Any] = self.call("/stats")["node"]
@@ -203,7 +203,7 @@ def run(plan: FarmPlan, logs: pathlib.Path) -> dict[str, Any]:
     load: LoadGen | None = None
     runs: list[dict[str, Any]] = []
     try:
-        nodes = [Node(f"farm-node-{k}", plan, logs) for k in range(NODES)]
+        nodes = [Node(f"farm-node-{k}", _node_args(plan), logs) for k in range(NODES)]
         load = LoadGen(logs)
         for r in range(plan.rounds):
             order = plan.variants if r % 2 == 0 else tuple(reversed(plan.variants))
@@ -377,22 +377,13 @@ def findings(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.farm", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="a small step, one round")
-    parser.add_argument("--rounds", type=int, help="rounds (default 3)")
-    parser.add_argument("--groups", type=int, help="groups per step (default 128)")
     parser.add_argument(
         "--in-flight-per-node", type=int, help=f"judge.max_in_flight (default {SLOTS})"
     )
     parser.add_argument("--scrape-metrics-s", type=float, help="judge.scrape_metrics_s")
     parser.add_argument("--variants", help="comma-separated subset of the variants")
     parser.add_argument("--no-sick", action="store_true", help="skip the sick-node runs")
-    parser.add_argument("--json", help="write the result here")
-    parser.add_argument(
-        "--update-docs",
-        metavar="PAGE",
-        help="write the section into this page (docs/performance.md), between its markers",
-    )
-    parser.add_argument("--logs", default="build/bench/farm", help="process logs")
+    section_args(parser, "build/bench/farm")
     parser.add_argument(
         "--all",
         action="store_true",
@@ -415,15 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_sick:
         plan = FarmPlan(**{**plan.__dict__, "sick": False})
     result = run(plan, pathlib.Path(args.logs))
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(result, indent=2))
     text = markdown(result)
-    print(text)
-    if args.update_docs:
-        page = pathlib.Path(args.update_docs)
-        command = "python -m bench.farm" + (" --quick" if args.quick else "")
-        body = f"## Judge farm (simulated)\n\n`{command}` (part of `make bench`).\n\n{text}\n"
-        page.write_text(write_section(page.read_text(), "judge-farm", body))
+    publish(
+        args, result, text, name="judge-farm", title="Judge farm (simulated)", module="bench.farm"
+    )
     return 0
 
 

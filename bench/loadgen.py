@@ -15,7 +15,10 @@ With ``"targets": [A, B, C]`` instead of ``"target"`` (replicas sharing a store)
 target and group, each carrying its share of the members, all opened at once),
 and answers ``{"groups", "members", "elapsed_s", "members_per_s", "member_p50_ms",
 "member_p99_ms", "member_max_ms", "group_p50_ms", "group_p99_ms", "errors",
-"masked", "latencies_ms"}`` (``latencies_ms`` only with ``"keep_latencies": true``).
+"masked", "latencies_ms"}`` (``latencies_ms`` only with ``"keep_latencies": true``;
+with ``"group_metrics": true`` also ``group_metrics``, every answered group's
+``group_metrics`` summed over the groups, taken from one member of each, and
+``groups_with_metrics``).
 A member's latency is from sending it (its stream's opening) to its result.
 """
 
@@ -102,10 +105,18 @@ class Runner:
                 group_requests(prefix, n, size, answer_bytes, prompt_words) for n in range(groups)
             ]
 
+        sum_groups = bool(cmd.get("group_metrics"))
+        group_sums: dict[str, float] = {}
+        summed: set[str] = set()
+
         def note(result: pb.MemberResult) -> None:
             counts["members"] += 1
             if result.mask_sample:
                 counts["masked"] += 1
+            if sum_groups and result.member.group_id not in summed:
+                summed.add(result.member.group_id)  # every member carries its group's
+                for key, value in result.group_metrics.items():
+                    group_sums[key] = group_sums.get(key, 0.0) + value
 
         def failed(exc: BaseException) -> None:
             counts["errors"] += 1
@@ -187,6 +198,9 @@ class Runner:
             "group_p99_ms": percentile(group_lat, 0.99) * 1e3,
             "first_error": first_error[0] if first_error else None,
         }
+        if sum_groups:
+            out["group_metrics"] = group_sums
+            out["groups_with_metrics"] = len(summed)
         if cmd.get("keep_latencies"):
             out["latencies_ms"] = [round(x * 1e3, 3) for x in member_lat]
         return out

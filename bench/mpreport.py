@@ -7,6 +7,9 @@ generator, it survives ``make bench``, which copies it from the old file into th
 
 from __future__ import annotations
 
+import argparse
+import json
+import pathlib
 import re
 import statistics
 from collections.abc import Sequence
@@ -14,7 +17,7 @@ from typing import Any
 
 from bench.util import mark, md_table, num
 
-KEPT_SECTIONS = ("judge-client", "hot-path", "judge-farm")
+KEPT_SECTIONS = ("judge-client", "hot-path", "judge-farm", "judge-tokens", "vs-nemo-gym")
 TARGETS = {
     "cpu_per_judge_call_us": 300.0,
     "saturation": 0.85,
@@ -54,6 +57,36 @@ def write_section(page: str, name: str, body: str) -> str:
         at = page.index(marker)
         return page[:at].rstrip("\n") + "\n\n" + block + "\n" + page[at:]
     return page.rstrip("\n") + "\n\n" + block + "\n"
+
+
+def section_args(parser: argparse.ArgumentParser, logs: str) -> None:
+    """The flags every section run on its own takes: ``--quick``, ``--rounds``,
+    ``--groups``, ``--json``, ``--update-docs PAGE`` and ``--logs``."""
+    parser.add_argument("--quick", action="store_true", help="a small step, one round")
+    parser.add_argument("--rounds", type=int, help="rounds (default 3)")
+    parser.add_argument("--groups", type=int, help="groups per step (default 128)")
+    parser.add_argument("--json", help="write the result here")
+    parser.add_argument(
+        "--update-docs",
+        metavar="PAGE",
+        help="write the section into this page (docs/performance.md), between its markers",
+    )
+    parser.add_argument("--logs", default=logs, help="process logs")
+
+
+def publish(
+    args: argparse.Namespace, result: Any, text: str, *, name: str, title: str, module: str
+) -> None:
+    """Write ``result`` to ``--json``, print ``text`` and, with ``--update-docs``, put it
+    into kept section ``name`` of that page under ``## title``."""
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=2))
+    print(text)
+    if args.update_docs:
+        page = pathlib.Path(args.update_docs)
+        command = f"python -m {module}" + (" --quick" if args.quick else "")
+        body = f"## {title}\n\n`{command}` (part of `make bench`).\n\n{text}\n"
+        page.write_text(write_section(page.read_text(), name, body))
 
 
 def keep_sections(new: str, old: str | None) -> str:
