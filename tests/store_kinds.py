@@ -29,6 +29,11 @@ is the work of moving to one runtime. ``GENRM_TEST_STORES=redis`` runs them ther
 """
 
 
+#: Read once and taken out of the environment: the server refuses unknown ``GENRM_*``
+#: variables, and the servers the tests start (in process or as children) inherit it.
+_CHOSEN = os.environ.pop("GENRM_TEST_STORES", "")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "stores(*kinds): run only on these kinds of store")
 
@@ -36,8 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "store_kind" not in metafunc.fixturenames:
         return
-    chosen = os.environ.get("GENRM_TEST_STORES", "")
-    kinds = tuple(k.strip() for k in chosen.split(",") if k.strip()) or DEFAULT_KINDS
+    kinds = tuple(k.strip() for k in _CHOSEN.split(",") if k.strip()) or DEFAULT_KINDS
     marker = metafunc.definition.get_closest_marker("stores")
     if marker:
         kinds = tuple(kind for kind in kinds if kind in marker.args)
