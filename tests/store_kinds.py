@@ -29,22 +29,44 @@ is the work of moving to one runtime. ``GENRM_TEST_STORES=redis`` runs them ther
 """
 
 
+#: Read once and taken out of the environment: the server refuses unknown ``GENRM_*``
+#: variables, and the servers the tests start (in process or as children) inherit it.
+_CHOSEN = os.environ.pop("GENRM_TEST_STORES", "")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "stores(*kinds): run only on these kinds of store")
+    config.addinivalue_line(
+        "markers",
+        "not_on_replicas(feature): the Redis run is a strict xfail until the feature lands",
+    )
+
+
+def _param(kind: str, metafunc: pytest.Metafunc) -> object:
+    """``kind`` as a parameter; on Redis a strict xfail if the test needs a missing feature.
+
+    The gap stays visible and counted, and the strict xfail fails the run the day the
+    feature reaches the replica runtime, so the marker has to go with it.
+    """
+    marker = metafunc.definition.get_closest_marker("not_on_replicas")
+    if kind != "redis" or marker is None:
+        return kind
+    reason = f"issue 22 item 4: {marker.args[0]} not on replicas yet"
+    return pytest.param(kind, marks=pytest.mark.xfail(strict=True, reason=reason))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "store_kind" not in metafunc.fixturenames:
         return
-    chosen = os.environ.get("GENRM_TEST_STORES", "")
-    kinds = tuple(k.strip() for k in chosen.split(",") if k.strip()) or DEFAULT_KINDS
+    kinds = tuple(k.strip() for k in _CHOSEN.split(",") if k.strip()) or DEFAULT_KINDS
     marker = metafunc.definition.get_closest_marker("stores")
     if marker:
         kinds = tuple(kind for kind in kinds if kind in marker.args)
     unknown = set(kinds) - set(STORE_KINDS)
     if unknown:
         raise pytest.UsageError(f"unknown store kinds {sorted(unknown)} for {metafunc.function}")
-    metafunc.parametrize("store_kind", kinds, indirect=True, scope="module")
+    params = [_param(kind, metafunc) for kind in kinds]
+    metafunc.parametrize("store_kind", params, indirect=True, scope="module")
 
 
 def start_redis(appendonly: bool = False) -> RedisServer:
