@@ -9,15 +9,10 @@ import pytest
 
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.budget import AdaptiveBudget
-from genrm_grpc.judge.client import JudgeClient, JudgeFailedError, JudgeInput
+from genrm_grpc.judge.client import JudgeClient, JudgeFailedError
 from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.testing.node import NodeConfig
-
-INPUT = JudgeInput(
-    messages=(("user", "Name the largest planet."),),
-    response_1="Jupiter is the largest planet.",
-    response_2="Mars.",
-)
+from tests.judge.views import PLANET, no_sleep
 
 
 def test_no_budget_until_enough_verdicts_then_a_margin_over_a_high_quantile() -> None:
@@ -68,16 +63,12 @@ def _settings(url: str, **judge: object) -> Settings:
     )
 
 
-async def _no_sleep(_seconds: float) -> None:
-    return None
-
-
 async def _judge_many(client: JudgeClient, n: int) -> tuple[int, int]:
     """Judge n comparisons; (verdicts, masked) — a comparison can run away every time."""
     verdicts = masked = 0
     for _ in range(n):
         try:
-            await client.judge(INPUT)
+            await client.judge(PLANET)
             verdicts += 1
         except JudgeFailedError:
             masked += 1
@@ -95,7 +86,7 @@ async def test_adaptive_budget_learns_the_converged_length_and_cuts_runaways_the
             adaptive_budget_min_samples=16,
             adaptive_budget_floor=256,
         )
-        async with JudgeClient(config, sleep=_no_sleep) as client:
+        async with JudgeClient(config, sleep=no_sleep) as client:
             await _judge_many(client, 30)
             budget = client.budget
             assert budget is not None and budget.cuts()
@@ -126,12 +117,12 @@ async def test_when_every_attempt_was_cut_the_last_retry_goes_out_with_the_cap()
             adaptive_budget_min_samples=1,
             adaptive_budget_floor=256,
         )
-        async with JudgeClient(config, sleep=_no_sleep) as client:
+        async with JudgeClient(config, sleep=no_sleep) as client:
             assert client.budget is not None
             client.budget.observe(500)  # as if a verdict had converged at 500 tokens
             assert client.budget.current() == 600
             with pytest.raises(JudgeFailedError) as excinfo:
-                await client.judge(INPUT)
+                await client.judge(PLANET)
             assert client.tokens.adaptive_cuts == 3
             assert client.tokens.wasted == 3 * 600 + 4096
         stats = fake.stats()

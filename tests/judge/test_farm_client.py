@@ -10,19 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from genrm_grpc.config import Settings
-from genrm_grpc.judge.client import JudgeClient, JudgeFailedError, JudgeInput
+from genrm_grpc.judge.client import JudgeClient, JudgeFailedError
 from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
-
-INPUT = JudgeInput(
-    messages=(("user", "Name the largest planet."),),
-    response_1="Jupiter is the largest planet.",
-    response_2="Mars.",
-    affinity="cohort-1",
-)
-
-
-async def _no_sleep(_seconds: float) -> None:
-    return None
+from tests.judge.views import PLANET_KEYED, no_sleep
 
 
 def _settings(urls: list[str], **top: object) -> Settings:
@@ -42,13 +32,13 @@ async def test_an_attempt_that_got_503_is_retried_on_the_other_endpoint(
 ) -> None:
     a, b = pair
     config = _settings([a.url, b.url], genrm_parse_retries=3)
-    async with JudgeClient(config, sleep=_no_sleep) as client:
-        first = client.farm.pick(INPUT.affinity)
+    async with JudgeClient(config, sleep=no_sleep) as client:
+        first = client.farm.pick(PLANET_KEYED.affinity)
         assert first is not None
         sick = a if first.url == a.url else b
         well = b if sick is a else a
         sick.set_faults(fail_503_rate=1.0)
-        out = await client.judge(INPUT)
+        out = await client.judge(PLANET_KEYED)
     assert out.attempts == 2
     assert sick.stats()["total"] == 1 and well.stats()["total"] == 1
 
@@ -58,20 +48,20 @@ async def test_in_a_farm_a_request_timeout_is_retried_on_another_endpoint(
 ) -> None:
     a, b = pair
     config = _settings([a.url, b.url], genrm_parse_retries=1, judge_request_timeout_s=0.3)
-    async with JudgeClient(config, sleep=_no_sleep) as client:
-        first = client.farm.pick(INPUT.affinity)
+    async with JudgeClient(config, sleep=no_sleep) as client:
+        first = client.farm.pick(PLANET_KEYED.affinity)
         assert first is not None
         (a if first.url == a.url else b).set_faults(hang_rate=1.0)
-        out = await client.judge(INPUT)
+        out = await client.judge(PLANET_KEYED)
     assert out.attempts == 2
 
 
 async def test_with_one_endpoint_a_request_timeout_still_masks_gyms_rule() -> None:
     with FakeJudgeServer(FakeJudgeConfig(hang_rate=1.0)) as only:
         config = _settings([only.url], genrm_parse_retries=3, judge_request_timeout_s=0.3)
-        async with JudgeClient(config, sleep=_no_sleep) as client:
+        async with JudgeClient(config, sleep=no_sleep) as client:
             with pytest.raises(JudgeFailedError) as excinfo:
-                await client.judge(INPUT)
+                await client.judge(PLANET_KEYED)
     assert excinfo.value.kind == "deadline"
 
 
@@ -82,11 +72,11 @@ async def test_a_hedge_goes_to_the_other_endpoint_and_the_beaten_request_counts_
     config = _settings([a.url, b.url], judge_hedge_after_s=0.2)
     hedges: list[int] = []
     async with JudgeClient(config, on_hedge=lambda: hedges.append(1)) as client:
-        first = client.farm.pick(INPUT.affinity)
+        first = client.farm.pick(PLANET_KEYED.affinity)
         assert first is not None
         slow = a if first.url == a.url else b
         slow.set_faults(hang_rate=1.0)
-        out = await client.judge(INPUT)
+        out = await client.judge(PLANET_KEYED)
         assert hedges == [1] and out.attempts == 1
         assert first.failures == 1 and first.consecutive_failures == 1
         assert [e.hedges for e in client.farm.endpoints if e is not first] == [1]
@@ -98,7 +88,7 @@ async def test_a_cohorts_comparisons_stay_on_one_endpoint_of_an_idle_farm(
     a, b = pair
     config = _settings([a.url, b.url])
     async with JudgeClient(config) as client:
-        await asyncio.gather(*(client.judge(INPUT) for _ in range(6)))
+        await asyncio.gather(*(client.judge(PLANET_KEYED) for _ in range(6)))
     assert sorted([a.stats()["total"], b.stats()["total"]]) == [0, 6]
 
 
@@ -111,9 +101,9 @@ async def test_each_url_sends_its_own_credentials_and_none_is_logged(
     a.set_faults(fail_503_rate=1.0)
     b.set_faults(fail_503_rate=1.0)
     config = _settings([url_a, url_b], genrm_parse_retries=1)
-    async with JudgeClient(config, sleep=_no_sleep) as client:
+    async with JudgeClient(config, sleep=no_sleep) as client:
         with pytest.raises(JudgeFailedError) as excinfo:
-            await client.judge(INPUT)
+            await client.judge(PLANET_KEYED)
     assert a.stats()["last_authorization"].startswith("Basic ")
     assert a.stats()["last_authorization"] != b.stats()["last_authorization"]
     text = caplog.text + excinfo.value.reason

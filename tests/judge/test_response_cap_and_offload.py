@@ -12,19 +12,9 @@ from typing import Any
 import pytest
 
 from genrm_grpc.config import Settings
-from genrm_grpc.judge.client import JudgeClient, JudgeFailedError, JudgeInput
+from genrm_grpc.judge.client import JudgeClient, JudgeFailedError
 from tests.judge.processes import FakeJudgeProcess
-from tests.judge.views import judge_settings
-
-INPUT = JudgeInput(
-    messages=(("user", "Name the largest planet."),),
-    response_1="Jupiter is the largest planet.",
-    response_2="Mars.",
-)
-
-
-async def _no_sleep(_seconds: float) -> None:
-    return None
+from tests.judge.views import PLANET, judge_settings, no_sleep
 
 
 def _config(url: str, *, max_response_bytes: int | None = None, **overrides: Any) -> Settings:
@@ -69,8 +59,8 @@ async def test_an_answer_over_max_response_bytes_fails_like_an_unparseable_one(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="genrm_grpc.judge.client")
     config = _config(judge.url, genrm_parse_retries=2, max_response_bytes=200)
-    async with JudgeClient(config, sleep=_no_sleep) as client:
-        outcome = await client.judge(INPUT)
+    async with JudgeClient(config, sleep=no_sleep) as client:
+        outcome = await client.judge(PLANET)
 
     # Every attempt spent the budget, then the pass fell back (a completed answer came).
     assert outcome.attempts == 3
@@ -96,7 +86,7 @@ async def test_an_oversized_answer_then_transport_failures_is_masked() -> None:
         config = _config(url, genrm_parse_retries=2, max_response_bytes=200)
         async with JudgeClient(config, connect_retries=0, sleep=stop_judge) as client:
             with pytest.raises(JudgeFailedError) as failure:
-                await client.judge(INPUT)
+                await client.judge(PLANET)
 
     assert "after 3 attempt(s)" in failure.value.reason
     assert "oversized×1" in failure.value.reason
@@ -109,7 +99,7 @@ async def test_large_bodies_are_decoded_and_parsed_in_a_worker_thread(
     executor = CountingExecutor()
     try:
         async with JudgeClient(_config(judge.url), offload_bytes=100, executor=executor) as client:
-            outcome = await client.judge(INPUT)
+            outcome = await client.judge(PLANET)
     finally:
         executor.shutdown()
 
@@ -124,7 +114,7 @@ async def test_small_bodies_are_decoded_on_the_loop(judge: FakeJudgeProcess) -> 
         async with JudgeClient(
             _config(judge.url), offload_bytes=1 << 20, executor=executor
         ) as client:
-            await client.judge(INPUT)
+            await client.judge(PLANET)
     finally:
         executor.shutdown()
 
@@ -140,9 +130,9 @@ async def test_an_unparseable_large_answer_is_parsed_off_the_loop_too(
             _config(malformed_judge.url, genrm_parse_retries=1),
             offload_bytes=100,
             executor=executor,
-            sleep=_no_sleep,
+            sleep=no_sleep,
         ) as client:
-            outcome = await client.judge(INPUT)
+            outcome = await client.judge(PLANET)
     finally:
         executor.shutdown()
 
@@ -183,8 +173,8 @@ async def test_a_chunked_body_without_content_length_is_cut_off_at_the_cap() -> 
         config = _config(
             f"http://127.0.0.1:{port}", genrm_parse_retries=0, max_response_bytes=64 * 1024
         )
-        async with JudgeClient(config, sleep=_no_sleep) as client:
-            outcome = await client.judge(INPUT)
+        async with JudgeClient(config, sleep=no_sleep) as client:
+            outcome = await client.judge(PLANET)
         await asyncio.wait_for(served.wait(), 30)
     finally:
         server.close()

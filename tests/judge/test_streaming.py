@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from genrm_grpc.judge.sse import SSEAnswer, StreamError, StreamTooLarge
 from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.testing.faults import ADVERSARIAL_KINDS
 from genrm_grpc.testing.node import NodeConfig
-from tests.judge.views import judge_settings
+from tests.judge.views import PLANET, PLANET_KEYED, judge_settings, no_sleep
 
 PROMPT = "Name the largest planet in the solar system."
 INPUTS = [
@@ -87,9 +88,6 @@ async def _outcomes(
         judge_request_timeout_s=10.0,
         **client_keys,
     )
-
-    async def no_sleep(_seconds: float) -> None:
-        return None
 
     results: list[object] = []
     async with JudgeClient(config, sleep=no_sleep, connect_retries=0) as client:
@@ -228,17 +226,6 @@ def test_responses_terminal_event_without_a_response_is_a_stream_error() -> None
 
 # -- first token, progress, closing (in-process fake judges over loopback) ------------
 
-SINGLE = JudgeInput(
-    messages=(("user", "Name the largest planet."),),
-    response_1="Jupiter is the largest planet.",
-    response_2="Mars.",
-    affinity="cohort-1",
-)
-
-
-async def _no_sleep(_seconds: float) -> None:
-    return None
-
 
 def _streaming(urls: list[str], **keys: Any) -> Settings:
     judge = {"stream": True, "first_token_timeout_s": 0.3, **keys.pop("judge", {})}
@@ -256,9 +243,9 @@ async def test_with_one_endpoint_no_first_token_fails_the_comparison_at_once(
     with FakeJudgeServer() as fake:
         fake.control(mode=mode)
         config = _streaming([fake.url], judge={"api": api})
-        async with JudgeClient(config, sleep=_no_sleep) as client:
+        async with JudgeClient(config, sleep=no_sleep) as client:
             with pytest.raises(JudgeFailedError) as excinfo:
-                await client.judge(SINGLE)
+                await client.judge(PLANET_KEYED)
             assert client.tokens.first_token_timeouts == 1
             endpoint = client.farm.endpoints[0]
             assert endpoint.failures == 1 and "no first token" in endpoint.detail
@@ -277,7 +264,7 @@ async def test_with_one_endpoint_the_outage_tolerance_covers_a_missing_first_tok
 
         config = _streaming([fake.url], judge_outage_tolerance_s=60.0, genrm_parse_retries=0)
         async with JudgeClient(config, sleep=recover) as client:
-            out = await client.judge(SINGLE)
+            out = await client.judge(PLANET_KEYED)
     assert out.attempts == 2  # the first attempt spent no budget (retries: 0)
     assert not out.verdict.parse_failed
 
@@ -285,12 +272,12 @@ async def test_with_one_endpoint_the_outage_tolerance_covers_a_missing_first_tok
 async def test_in_a_farm_no_first_token_is_retried_on_the_other_endpoint() -> None:
     with FakeJudgeServer() as a, FakeJudgeServer() as b:
         config = _streaming([a.url, b.url], judge={"hedge_quantile": None})
-        async with JudgeClient(config, sleep=_no_sleep) as client:
-            first = client.farm.pick(SINGLE.affinity)
+        async with JudgeClient(config, sleep=no_sleep) as client:
+            first = client.farm.pick(PLANET_KEYED.affinity)
             assert first is not None
             sick, well = (a, b) if first.url == a.url else (b, a)
             sick.control(mode="stall")
-            out = await client.judge(SINGLE)
+            out = await client.judge(PLANET_KEYED)
             failures = {e.url: e.failures for e in client.farm.endpoints}
         assert sick.wait_for_node(aborted=1)["hung"] == 1
         assert well.node_stats()["completed"] == 1
@@ -302,8 +289,8 @@ async def test_a_slow_answer_that_has_begun_is_not_cut_by_the_first_token_timeou
     # 20 tokens at 40 tokens/s: 0.5 s of decode, past the 0.3 s first-token timeout.
     node = NodeConfig(tokens_per_s=40, output_tokens="20")
     with FakeJudgeServer(FakeJudgeConfig(node=node)) as fake:
-        async with JudgeClient(_streaming([fake.url]), sleep=_no_sleep) as client:
-            out = await client.judge(SINGLE)
+        async with JudgeClient(_streaming([fake.url]), sleep=no_sleep) as client:
+            out = await client.judge(PLANET_KEYED)
             assert client.tokens.first_token_timeouts == 0
     assert out.attempts == 1 and not out.verdict.parse_failed
 
@@ -315,9 +302,9 @@ async def test_progress_counts_the_tokens_of_a_running_comparison_and_lets_go_af
     node = NodeConfig(tokens_per_s=100, output_tokens="200")  # 2 s of decode
     with FakeJudgeServer(FakeJudgeConfig(node=node)) as fake:
         progress = JudgeProgress()
-        inp = JudgeInput(SINGLE.messages, SINGLE.response_1, SINGLE.response_2, progress=progress)
+        inp = replace(PLANET, progress=progress)
         config = _streaming([fake.url], judge={"api": api, "first_token_timeout_s": 5.0})
-        async with JudgeClient(config, sleep=_no_sleep) as client:
+        async with JudgeClient(config, sleep=no_sleep) as client:
             task = asyncio.ensure_future(client.judge(inp))
             seen: list[tuple[int, int, int]] = []
             while not task.done():
@@ -338,12 +325,12 @@ async def test_a_hedge_that_wins_closes_the_slow_stream_at_the_judge() -> None:
         config = _streaming(
             [a.url, b.url], judge_hedge_after_s=0.3, judge={"first_token_timeout_s": 10.0}
         )
-        async with JudgeClient(config, sleep=_no_sleep) as client:
-            first = client.farm.pick(SINGLE.affinity)
+        async with JudgeClient(config, sleep=no_sleep) as client:
+            first = client.farm.pick(PLANET_KEYED.affinity)
             assert first is not None
             slow_one, fast_one = (a, b) if first.url == a.url else (b, a)
             fast_one.control(tokens_per_s=0)  # answers at once
-            out = await client.judge(SINGLE)
+            out = await client.judge(PLANET_KEYED)
             gauge = client.tokens.streamed_in_flight
         closed = slow_one.wait_for_node(aborted_running=1)
     assert not out.verdict.parse_failed
@@ -429,7 +416,7 @@ async def test_a_large_streamed_answer_is_decoded_and_parsed_off_the_loop() -> N
         with FakeJudgeServer(config) as fake:
             settings = _streaming([fake.url], genrm_parse_retries=0)
             async with JudgeClient(settings, offload_bytes=1024, executor=executor) as client:
-                out = await client.judge(SINGLE)
+                out = await client.judge(PLANET_KEYED)
     finally:
         executor.shutdown()
     assert out.verdict.parse_failed  # built to have no verdict, whichever way it came
@@ -445,7 +432,7 @@ async def test_a_small_streamed_answer_stays_on_the_loop() -> None:
         with FakeJudgeServer() as fake:
             settings = _streaming([fake.url])
             async with JudgeClient(settings, offload_bytes=1 << 20, executor=executor) as client:
-                out = await client.judge(SINGLE)
+                out = await client.judge(PLANET_KEYED)
     finally:
         executor.shutdown()
     assert not out.verdict.parse_failed
@@ -456,6 +443,6 @@ async def test_a_streamed_answer_over_max_response_bytes_fails_like_an_unparseab
     config = FakeJudgeConfig(adversarial_first_n=9, adversarial_chars=8192)
     with FakeJudgeServer(config) as fake:
         settings = _streaming([fake.url], judge={"max_response_bytes": 4096})
-        async with JudgeClient(settings, sleep=_no_sleep) as client:
-            out = await client.judge(SINGLE)
+        async with JudgeClient(settings, sleep=no_sleep) as client:
+            out = await client.judge(PLANET_KEYED)
     assert out.attempts == 2 and out.verdict.parse_failed  # answered: the default verdict
