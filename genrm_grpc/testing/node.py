@@ -428,14 +428,18 @@ class Node:
             watcher.unwatch(sock)
         with self.cond:
             self._active.discard(ticket)
-            if ticket.granted:
-                ticket.granted = False
-                self.running -= 1
-                self._running_blocks -= ticket.planned_blocks
-                self._grant_locked()
-            elif ticket in self._queue:
-                self._queue.remove(ticket)
+            self._free_locked(ticket)
             self.cond.notify_all()
+
+    def _free_locked(self, ticket: Ticket) -> None:
+        """Give up the ticket's slot (or its place in the queue); idempotent."""
+        if ticket.granted:
+            ticket.granted = False
+            self.running -= 1
+            self._running_blocks -= ticket.planned_blocks
+            self._grant_locked()
+        elif ticket in self._queue:
+            self._queue.remove(ticket)
 
     def count(self, name: str, amount: int = 1) -> None:
         with self.cond:
@@ -572,10 +576,13 @@ class Node:
         return not ticket.done
 
     def _count_abort(self, ticket: Ticket, where: str) -> None:
+        # The abort and the freed slot in one step: no reader of the counters sees an
+        # aborted request still running (release() later finds the slot already free).
         if ticket.aborted:
             with self.cond:
                 self.counters["aborted"] += 1
                 self.counters[where] += 1
+                self._free_locked(ticket)
                 self.cond.notify_all()
 
     def _grant_locked(self) -> None:
