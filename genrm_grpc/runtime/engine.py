@@ -42,6 +42,7 @@ from genrm_grpc.cohort.model import (
     comparisons_by_member,
     reward_problem,
 )
+from genrm_grpc.cohort.quota import admits
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
 from genrm_grpc.judge.client import (
     JudgeFailedError,
@@ -492,8 +493,7 @@ class CohortRuntime:
         n = len(candidates)
         passes = self._plan.pass_count(n)
         limit = self.config.max_queued_compare_passes
-        # One comparison alone is always admitted (max_compare_candidates bounds it).
-        if self._compare_passes and self._compare_passes + passes > limit:
+        if not admits(self._compare_passes, passes, limit):
             raise CompareCapacityError(
                 f"this comparison needs {passes} judge passes and {self._compare_passes} are "
                 f"already queued or running; max_queued_compare_passes={limit}: retry later"

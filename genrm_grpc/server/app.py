@@ -29,6 +29,7 @@ from genrm_grpc.observability.hooks import (
 )
 from genrm_grpc.observability.metrics import MetricsEndpoint, ServerMetrics
 from genrm_grpc.runtime.engine import CohortRuntime, JudgeBackend
+from genrm_grpc.server.admission import Admission
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.documented_reflection import enable_documented_reflection
 from genrm_grpc.server.interceptors import UndecodableRequestInterceptor
@@ -274,21 +275,22 @@ class CohortServer:
         # Last: the innermost, so a refused caller learns nothing from undecodable bytes.
         interceptors.append(UndecodableRequestInterceptor())
         self.server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
-        self.servicer = CohortServicer(
-            self.runtime,
+        self.admission = Admission(
             default_group_size=settings.num_rollouts_per_prompt,
             mode=settings.comparison_mode,
             max_message_bytes=settings.max_message_bytes,
             max_call_wait_s=settings.max_call_wait_s,
-            bounds=FieldBounds(settings),
-            observer=self.metrics,
-            tracer=self.tracing,
             stream_limits=settings,
+            pass_count=settings.pass_plan().pass_count,
+            bounds=FieldBounds(settings),
             principals=Principals(
                 settings.auth.principals() if settings.auth is not None else None,
                 certificates=settings.tls is not None and settings.tls.client_ca_file is not None,
             ),
             max_compare_passes_per_principal=settings.max_compare_passes_per_principal,
+        )
+        self.servicer = CohortServicer(
+            self.runtime, self.admission, observer=self.metrics, tracer=self.tracing
         )
         pb_grpc.add_CohortServiceServicer_to_server(self.servicer, self.server)
         self.health = health.aio.HealthServicer()

@@ -1,43 +1,35 @@
-"""The grpc.aio servicer of ``genrm.cohort.v1.CohortService``: wire ⇄ runtime, nothing more."""
+"""The grpc.aio servicer of ``genrm.cohort.v1.CohortService``: wire ⇄ runtime, nothing more.
+
+What a request must satisfy before the runtime sees it is ``admission.py``'s; what the
+runtime answers is translated here into responses, stream events and typed errors.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import logging
 import secrets
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, Protocol, TypeAlias
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeAlias
 
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from genrm_grpc.cohort.identity import (
-    ComparisonMode,
-    candidate_spec,
     check_ids,
     coords_metadata,
-    prompt_digest,
-    resolve,
-    resolve_key,
-    validate_prompt,
 )
 from genrm_grpc.cohort.model import (
-    ANONYMOUS,
-    CandidateSpec,
     CohortKey,
     Failed,
-    MemberCoords,
     Reason,
     Rejection,
     Submission,
 )
 from genrm_grpc.cohort.registry import failure_rejection
-from genrm_grpc.config import STREAM_MEMBER_OVERHEAD_BYTES, Settings
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.observability.hooks import (
     NullServiceObserver,
@@ -52,13 +44,11 @@ from genrm_grpc.runtime.engine import (
     PairProgress,
     ProgressCallback,
     Ticket,
-    pass_plan,
 )
 from genrm_grpc.server import convert
-from genrm_grpc.server.bounds import FieldBounds
+from genrm_grpc.server.admission import Admission
 from genrm_grpc.server.errors import DOMAIN, abort, status_proto
 from genrm_grpc.server.interceptors import is_undecodable
-from genrm_grpc.server.security import Principals
 
 log = logging.getLogger(__name__)
 
@@ -76,95 +66,32 @@ def new_instance_id() -> str:
     return secrets.token_hex(8)
 
 
-class StreamView(Protocol):
-    """Bounds of one StreamGroups stream and of all streams of one connection.
-
-    A read-only scoped view; ``Settings`` declares (and validates) the keys once.
-    """
-
-    #: Events queued for the client; at the bound the stream stops reading requests.
-    @property
-    def stream_max_buffered_events(self) -> int: ...
-    #: Wire bytes (+ STREAM_MEMBER_OVERHEAD_BYTES each) of members awaiting an outcome.
-    @property
-    def stream_max_held_bytes(self) -> int: ...
-    @property
-    def connection_max_held_bytes(self) -> int: ...
-
-
 class CohortServicer(pb_grpc.CohortServiceServicer):
     def __init__(
         self,
         runtime: CohortRuntime,
+        admission: Admission,
         *,
-        default_group_size: int,
-        mode: ComparisonMode,
-        max_message_bytes: int,
-        max_call_wait_s: float,
-        bounds: FieldBounds | None = None,
         observer: ServiceObserver | None = None,
         tracer: SubmitTracer | None = None,
-        stream_limits: StreamView | None = None,
-        principals: Principals | None = None,
-        max_compare_passes_per_principal: int | None = None,
         instance_id: str | None = None,
     ) -> None:
         #: This process's id, sent first (initial metadata) on every CohortService call.
         self.instance_id = instance_id or new_instance_id()
         self._instance_metadata = ((SERVER_INSTANCE_METADATA, self.instance_id),)
         self._runtime = runtime
-        self._group_size = default_group_size
-        self._mode = mode
-        self._max_bytes = max_message_bytes
-        self._max_wait_s = max_call_wait_s
-        self._bounds = bounds
+        self.admission = admission
         self._observer: ServiceObserver = observer or NullServiceObserver()
         self._tracer: SubmitTracer = tracer or NullSubmitTracer()
-        self._stream_limits: StreamView = stream_limits or Settings()
-        self._principals = principals or Principals()
-        self._compare_quota = max_compare_passes_per_principal
-        #: Judge passes of the Compare calls in flight, per principal (no zero entries).
-        self._compare_passes: dict[str, int] = {}
-        #: Bytes held by the StreamGroups streams of each connection (no zero entries).
-        self.held_by_connection: dict[str, int] = {}
         #: The StreamGroups streams open now (for operators and tests).
         self.open_streams: weakref.WeakSet[_GroupStream] = weakref.WeakSet()
 
-    def principal(self, context: Context) -> str:
-        return self._principals.of(context) if self._principals.enabled else ANONYMOUS
+    @property
+    def held_by_connection(self) -> dict[str, int]:
+        """Bytes held by the StreamGroups streams of each connection (no zero entries)."""
+        return self.admission.held_by_connection
 
     # ------------------------------------------------------------------ helpers
-    def _submission(
-        self, request: pb.SubmitMemberRequest, principal: str = ANONYMOUS
-    ) -> Submission | Rejection:
-        if request.ByteSize() > self._max_bytes:
-            return Rejection(
-                Reason.CAPACITY_EXHAUSTED,
-                f"member message of {request.ByteSize()} bytes exceeds max_message_bytes="
-                f"{self._max_bytes}",
-                coords_metadata(convert.coords_from_proto(request.member)),
-            )
-        if self._bounds is not None:
-            out_of_bounds = self._bounds.submission(request)
-            if out_of_bounds is not None:
-                return out_of_bounds
-        if not request.HasField("member"):
-            return Rejection(
-                Reason.INVALID_MEMBER,
-                "invalid member: member is required",
-                field_violations=(("member", "required"),),
-            )
-        sub = resolve(
-            convert.coords_from_proto(request.member),
-            convert.prompt_from_proto(request.prompt),
-            convert.candidate_from_proto(request.candidate),
-            default_group_size=self._group_size,
-            mode=self._mode,
-        )
-        if principal and isinstance(sub, Submission):
-            sub = dataclasses.replace(sub, key=dataclasses.replace(sub.key, principal=principal))
-        return sub
-
     def _outcome_to_result(
         self, sub: Submission, ticket: Ticket, outcome: object
     ) -> pb.MemberResult | Rejection:
@@ -216,24 +143,13 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
             self._observer.member_result(ticket.disposition.value)
         return ticket
 
-    def _wait_cap(self, context: Context) -> float | None:
-        """How long a call may wait: unbounded with a client deadline, else max_call_wait_s."""
-        return None if context.time_remaining() is not None else self._max_wait_s
-
-    def _wait_expired(self, meta: dict[str, str]) -> Rejection:
-        return Rejection(
-            Reason.CALL_WAIT_EXPIRED,
-            f"the call waited max_call_wait_s={self._max_wait_s:g} without a client deadline; "
-            "a submitted member stays in its cohort: resend it (with a deadline) to reattach",
-            meta,
-        )
-
     # ------------------------------------------------------------------ RPCs
     async def SubmitMember(
         self, request: pb.SubmitMemberRequest, context: Context
     ) -> pb.SubmitMemberResponse:
         await context.send_initial_metadata(self._instance_metadata)
-        sub = self._submission(request, self.principal(context))
+        admission = self.admission
+        sub = admission.member(request, admission.principal(context))
         if isinstance(sub, Rejection):
             await abort(context, self._rejected(sub))
         if self._runtime.decides_locally:
@@ -258,10 +174,10 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
                 ticket.interrupt_if_unwritten()
                 # A cancelled or expired call ends here; Waiter.wait removes only this waiter.
                 try:
-                    async with asyncio.timeout(self._wait_cap(context)):
+                    async with asyncio.timeout(admission.wait_cap(context)):
                         outcome = await ticket.waiter.wait()
                 except TimeoutError:
-                    await abort(context, self._wait_expired(coords_metadata(sub.coords)))
+                    await abort(context, admission.wait_expired(coords_metadata(sub.coords)))
                 answer = self._outcome_to_result(sub, ticket, outcome)
         except CallInterrupted as exc:
             answer = self._interrupted(sub, exc)
@@ -278,27 +194,30 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self, request_iterator: AsyncIterator[pb.StreamGroupsRequest], context: Context
     ) -> None:
         await context.send_initial_metadata(self._instance_metadata)
-        stream = _GroupStream(self, request_iterator, context.peer(), self.principal(context))
+        principal = self.admission.principal(context)
+        stream = _GroupStream(self, request_iterator, context.peer(), principal)
         self.open_streams.add(stream)
         # Written straight to the call (no async-generator layers per event).
         await stream.run(context.write)
 
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
         await context.send_initial_metadata(self._instance_metadata)
-        refusal = self._compare_refusal(request)
+        admission = self.admission
+        refusal = admission.compare_refusal(request, draining=self._runtime.draining)
         if refusal is not None:
             self._observer.compare_finished("rejected")
             await abort(context, refusal)
         try:
-            with self._compare_admission(request, self.principal(context)) as quota_refusal:
+            principal = admission.principal(context)
+            with admission.compare_passes_of(request, principal) as quota_refusal:
                 if quota_refusal is not None:
                     self._observer.compare_finished("rejected")
                     await abort(context, quota_refusal)
-                async with asyncio.timeout(self._wait_cap(context)):
+                async with asyncio.timeout(admission.wait_cap(context)):
                     response = await self._compare(request, context)
         except TimeoutError:
             self._observer.compare_finished("rejected")
-            await abort(context, self._wait_expired({}))
+            await abort(context, admission.wait_expired({}))
         except CompareCapacityError as exc:
             self._observer.compare_finished("rejected")
             await abort(context, Rejection(Reason.CAPACITY_EXHAUSTED, str(exc)))
@@ -309,80 +228,12 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self._observer.compare_finished("ok")
         return response
 
-    def _compare_refusal(self, request: pb.CompareRequest) -> Rejection | None:
-        if request.ByteSize() > self._max_bytes:
-            return Rejection(
-                Reason.CAPACITY_EXHAUSTED,
-                f"request of {request.ByteSize()} bytes exceeds max_message_bytes",
-            )
-        if self._runtime.draining:
-            return Rejection(Reason.SHUTTING_DOWN, "the server is shutting down")
-        if self._bounds is not None:
-            return self._bounds.compare(request)
-        return None
-
-    @contextlib.contextmanager
-    def _compare_admission(
-        self, request: pb.CompareRequest, principal: str
-    ) -> Iterator[Rejection | None]:
-        """Count the call's judge passes against its principal's in-flight quota.
-
-        A call is admitted when the principal's passes in flight plus its own stay within
-        ``max_compare_passes_per_principal``, or when the principal has none in flight
-        (so that one large Compare is never refused forever).
-        """
-        quota = self._compare_quota
-        if quota is None:
-            yield None
-            return
-        passes = pass_plan(self._runtime.config).pass_count(len(request.candidates))
-        in_flight = self._compare_passes.get(principal, 0)
-        if in_flight and in_flight + passes > quota:
-            yield Rejection(
-                Reason.CAPACITY_EXHAUSTED,
-                f"principal {principal!r} has {in_flight} Compare judge passes in flight; "
-                f"this call needs {passes} more and max_compare_passes_per_principal={quota}",
-                {"principal": principal},
-            )
-            return
-        self._compare_passes[principal] = in_flight + passes
-        try:
-            yield None
-        finally:
-            left = self._compare_passes[principal] - passes
-            if left:
-                self._compare_passes[principal] = left
-            else:
-                del self._compare_passes[principal]
-
     async def _compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
-        prompt = convert.prompt_from_proto(request.prompt)
-        bad = validate_prompt(prompt, self._mode)
-        if bad is None and not request.candidates:
-            bad = Rejection(
-                Reason.INVALID_MEMBER,
-                "invalid request: at least one candidate is required",
-                field_violations=(("candidates", "at least one candidate is required"),),
-            )
-        candidates: list[CandidateSpec] = []
-        for n, candidate in enumerate(request.candidates):
-            if bad is not None:
-                break
-            spec = candidate_spec(convert.candidate_from_proto(candidate))
-            if isinstance(spec, Rejection):
-                bad = Rejection(
-                    spec.reason,
-                    spec.message.replace("candidate", f"candidates[{n}]", 1),
-                    field_violations=tuple(
-                        (f.replace("candidate", f"candidates[{n}]", 1), d)
-                        for f, d in spec.field_violations
-                    ),
-                )
-            else:
-                candidates.append(spec)
-        if bad is not None:
+        inputs = self.admission.compare_inputs(request)
+        if isinstance(inputs, Rejection):
             self._observer.compare_finished("rejected")
-            await abort(context, bad)
+            await abort(context, inputs)
+        prompt, candidates = inputs
         scores = await self._runtime.compare(prompt, candidates)
         response = pb.CompareResponse(rewards=[r.reward for r in scores.rewards])
         response.comparisons.extend(convert.verdicts_to_proto(scores.judged))
@@ -397,7 +248,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         bad_ids = check_ids(coords)
         if bad_ids is not None:
             await abort(context, bad_ids)
-        principal = self.principal(context)  # a caller sees only its own cohorts
+        principal = self.admission.principal(context)  # a caller sees only its own cohorts
         latest = None
         first = CohortKey(coords.group_id, None, coords.group_attempt or 0, principal)
         try:
@@ -411,14 +262,8 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         if coords.group_id is not None:
             assert registry is not None
             latest = registry.latest_attempt(coords.group_id, now, principal)
-            if coords.group_attempt is None and latest is not None:
-                # Operators usually want the newest attempt when they name only the group.
-                coords = MemberCoords(
-                    rollout_index=0, group_id=coords.group_id, group_attempt=latest
-                )
-        key = resolve_key(coords, prompt_digest(convert.prompt_from_proto(request.prompt)))
-        if principal:
-            key = dataclasses.replace(key, principal=principal)
+            coords = Admission.newest_attempt(coords, latest)
+        key = Admission.cohort_key(coords, convert.prompt_from_proto(request.prompt), principal)
         if registry is None:
             try:
                 registry, now = await self._runtime.view(key)
@@ -493,15 +338,14 @@ class _GroupStream:
     ) -> None:
         self._servicer = servicer
         self._requests = requests
-        self._limits = servicer._stream_limits
-        self._peer = peer
+        self._limits = servicer.admission.stream_limits
+        self._bytes = servicer.admission.stream(peer)
         self._principal = principal
         self._out: deque[pb.StreamGroupsResponse] = deque()
         self._wake = asyncio.Event()  # the writer has something to do
         self._room = asyncio.Event()  # the reader may read: _out is below its bound
         self._room.set()
         self._held: dict[asyncio.Future[Any], _Held] = {}
-        self._held_bytes = 0
         self._groups: dict[CohortKey, list[Any]] = {}  # key → [group ref, members held]
         self._reading = True
         self._replays_pending = 0  # replays waiting for their outcome to be written
@@ -542,7 +386,7 @@ class _GroupStream:
 
     @property
     def held_bytes(self) -> int:
-        return self._held_bytes
+        return self._bytes.held
 
     @property
     def groups_held(self) -> int:
@@ -585,12 +429,12 @@ class _GroupStream:
     ) -> tuple[Submission, int] | None:
         """The member and its cost when it may be submitted, else its error is queued."""
         servicer = self._servicer
-        sub = servicer._submission(request.member, self._principal)
+        sub = servicer.admission.member(request.member, self._principal)
         if isinstance(sub, Rejection):
             self._error(ref, servicer._rejected(sub))
             return None
-        cost = request.member.ByteSize() + STREAM_MEMBER_OVERHEAD_BYTES
-        refusal = self._over_bounds(sub, cost)
+        cost = self._bytes.cost(request)
+        refusal = self._bytes.refusal(sub, cost)
         if refusal is not None:
             self._error(ref, servicer._rejected(refusal))
             return None
@@ -707,29 +551,8 @@ class _GroupStream:
         if not self._held and not self._reading:
             self._wake.set()
 
-    def _over_bounds(self, sub: Submission, cost: int) -> Rejection | None:
-        limits = self._limits
-        if self._held_bytes + cost > limits.stream_max_held_bytes:
-            what, limit = "this stream", f"stream_max_held_bytes={limits.stream_max_held_bytes}"
-        elif (
-            self._servicer.held_by_connection.get(self._peer, 0) + cost
-            > limits.connection_max_held_bytes
-        ):
-            what = "this connection's streams"
-            limit = f"connection_max_held_bytes={limits.connection_max_held_bytes}"
-        else:
-            return None
-        return Rejection(
-            Reason.CAPACITY_EXHAUSTED,
-            f"{what} already hold the bytes of members awaiting their outcome up to {limit}; "
-            "read the outcomes, then resend this member",
-            coords_metadata(sub.coords),
-        )
-
     def _hold(self, sub: Submission, cost: int) -> None:
-        self._held_bytes += cost
-        connections = self._servicer.held_by_connection
-        connections[self._peer] = connections.get(self._peer, 0) + cost
+        self._bytes.hold(cost)
         group = self._groups.get(sub.key)
         if group is None:
             self._groups[sub.key] = [convert.coords_to_proto(sub.coords), 1]
@@ -737,13 +560,7 @@ class _GroupStream:
             group[1] += 1
 
     def _release(self, held: _Held) -> None:
-        self._held_bytes -= held.cost
-        connections = self._servicer.held_by_connection
-        left = connections.get(self._peer, 0) - held.cost
-        if left > 0:
-            connections[self._peer] = left
-        else:
-            connections.pop(self._peer, None)
+        self._bytes.release(held.cost)
         group = self._groups.get(held.sub.key)
         if group is not None:
             group[1] -= 1
