@@ -417,13 +417,10 @@ class _StateCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         runtime = self._runtime
         registry = runtime.registry
-        phases = {Phase.COLLECTING: 0, Phase.EVALUATING: 0}
-        for cohort in registry.active_cohorts():
-            if cohort.phase in phases:
-                phases[cohort.phase] += 1
+        census = runtime.census()
         by_phase = GaugeMetricFamily("genrm_cohorts", "Active cohorts by phase.", labels=["phase"])
-        for phase, count in phases.items():
-            by_phase.add_metric([phase.value], count)
+        by_phase.add_metric([Phase.COLLECTING.value], census.collecting)
+        by_phase.add_metric([Phase.EVALUATING.value], census.evaluating)
         yield by_phase
         stats: Mapping[str, int] = runtime.stats()
         yield _gauge("genrm_active_cohorts", "Cohorts not yet terminal.", stats["active_cohorts"])
@@ -436,16 +433,15 @@ class _StateCollector(Collector):
             "genrm_judge_in_flight", "Judge comparisons holding a permit.", stats["judge_in_flight"]
         )
         yield _gauge("genrm_waiters", "Calls waiting for their cohort's outcome.", stats["waiters"])
-        counts = registry.counts()
         yield _gauge(
             "genrm_tombstones",
             "Retained terminal cohorts (bounded by max_terminal_cohorts, cohort_result_ttl_s).",
-            counts.get("tombstones", 0),
+            census.tombstones,
         )
         yield _gauge(
             "genrm_attempt_watermarks",
             "Retained newest-attempt watermarks of explicit groups.",
-            counts.get("watermarks", 0),
+            census.watermarks,
         )
         yield _gauge(
             "genrm_draining", "1 while the server is shutting down.", int(registry.draining)

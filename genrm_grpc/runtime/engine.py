@@ -147,6 +147,18 @@ def pass_plan(config: RuntimeView) -> PassPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class Census:
+    """What the server holds now, for the state gauges (``genrm_cohorts``,
+    ``genrm_tombstones``, ``genrm_attempt_watermarks``): this process's registry, or the
+    whole deployment's as a replica last read it from the shared store."""
+
+    collecting: int = 0
+    evaluating: int = 0
+    tombstones: int = 0
+    watermarks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class PairProgress:
     key: CohortKey
     response_i: int
@@ -608,6 +620,19 @@ class CohortRuntime:
             "passes_resumed": self.passes_resumed,
             "store_failures": self.store_failures,
         }
+
+    def census(self) -> Census:
+        phases = {Phase.COLLECTING: 0, Phase.EVALUATING: 0}
+        for cohort in self.registry.active_cohorts():
+            if cohort.phase in phases:
+                phases[cohort.phase] += 1
+        counts = self.registry.counts()
+        return Census(
+            collecting=phases[Phase.COLLECTING],
+            evaluating=phases[Phase.EVALUATING],
+            tombstones=counts.get("tombstones", 0),
+            watermarks=counts.get("watermarks", 0),
+        )
 
     # ------------------------------------------------------------------ decisions
     def _execute(

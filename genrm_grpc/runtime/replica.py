@@ -26,6 +26,9 @@ single process would reach.
   writes and its final commit are fenced by that lease. When the lease expires (the
   replica died, paused or lost Redis) any replica claims it, reads the cohort and its
   journal, and judges only the passes the journal lacks.
+- **Gauges** of what the deployment holds (cohorts by phase, tombstones, watermarks)
+  are read from the shared counts and indexes every ``STORE_CHECK_S``, with the check
+  that Redis answers; every replica reports the deployment's figures.
 - **Deadlines** live in one sorted set; every replica looks for due ones every
   ``SWEEP_S``, and the version check lets exactly one of them end the cohort.
 - ``judge_max_concurrency`` bounds each replica's judge calls, not the deployment's.
@@ -59,6 +62,7 @@ from genrm_grpc.runtime.clock import WallClock
 from genrm_grpc.runtime.engine import (
     START_SLICE,
     CallInterrupted,
+    Census,
     CohortRuntime,
     JudgeBackend,
     ProgressCallback,
@@ -164,6 +168,8 @@ class ReplicaRuntime(CohortRuntime):
         self._background: list[asyncio.Task[None]] = []
         self.takeovers = 0
         self.leases_lost = 0
+        #: The deployment's counts as the store watcher last read them (STORE_CHECK_S).
+        self._census = Census()
 
     # ------------------------------------------------------------------ life cycle
     async def open(self) -> int:
@@ -239,6 +245,22 @@ class ReplicaRuntime(CohortRuntime):
             store_available=int(self.store_available),
         )
         return stats
+
+    def census(self) -> Census:
+        """The whole deployment's counts (every replica reports the same, a second old
+        at most): this process's registry holds one group at a time, and none between."""
+        return self._census
+
+    async def refresh_census(self) -> Census:
+        """Read the deployment's counts now (one round trip; StoreError when Redis is down)."""
+        active, evaluating, tombstones, watermarks = await self.shared.census(time.time())
+        self._census = Census(
+            collecting=max(0, active - evaluating),
+            evaluating=evaluating,
+            tombstones=tombstones,
+            watermarks=watermarks,
+        )
+        return self._census
 
     # ------------------------------------------------------------------ deciding
     def _group_registry(self) -> CohortRegistry:
@@ -690,7 +712,7 @@ class ReplicaRuntime(CohortRuntime):
     async def _watch_store(self) -> None:
         while not self._stopping.is_set():
             try:
-                await self.shared.ping()
+                await self.refresh_census()
                 available = True
             except StoreError:
                 available = False

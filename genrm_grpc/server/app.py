@@ -221,7 +221,7 @@ class CohortServer:
         self._discovery_task: asyncio.Task[None] | None = None
         # Every component reads its own scoped view of the one Settings: nothing copied.
         self.registry = CohortRegistry(settings, MemoryStore(settings))
-        store = store_from_url(settings.store)
+        store = store_from_url(settings.store, max_tombstones=settings.max_terminal_cohorts)
         self._judge_ready = True
         self._store_ready = True
         self.runtime: CohortRuntime

@@ -130,7 +130,9 @@ def validate_store_url(url: str) -> str:
     )
 
 
-def store_from_url(url: str, *, synchronous: str = "FULL") -> DurableStore:
+def store_from_url(url: str, *, synchronous: str = "FULL", max_tombstones: int = 0) -> DurableStore:
+    """The store ``url`` names. ``max_tombstones`` bounds what a shared (Redis) store
+    retains (``max_terminal_cohorts``); a store of one process is bounded by its registry."""
     validate_store_url(url)
     parts = urlsplit(url)
     if parts.scheme == "memory":
@@ -139,6 +141,6 @@ def store_from_url(url: str, *, synchronous: str = "FULL") -> DurableStore:
         # Imported here: a server on a file or in memory never needs the Redis client.
         from genrm_grpc.store.redis import RedisStore
 
-        return RedisStore(url)
+        return RedisStore(url, max_tombstones=max_tombstones)
     # sqlite:///rel → "/rel" → "rel"; sqlite:////abs → "//abs" → "/abs".
     return SqliteStore(parts.path[1:], synchronous=synchronous)

@@ -22,7 +22,16 @@ hash slot, and a group's writes are one single-slot transaction.
 ``genrm:t:{T}:<key>``  string         a tombstone: expiry + ``Tombstone.record()`` bytes,
                                       TTL at ``expires_at``
 ``genrm:w:{T}``        string         the group's watermark, TTL at ``expires_at``
+``genrm:it``           zset           tombstone key → its expiry (ms): what is retained,
+                                      counted and bounded (``max_terminal_cohorts``)
+``genrm:iw``           zset           watermark key → its expiry (ms), counted
 ====================================  =====================================================
+
+**Retention.** Tombstones and watermarks expire with their TTL. The two indexes make
+them countable without a scan (``counts``), and bound the tombstones: a commit that
+writes one past ``max_terminal_cohorts`` drops, in the same script, those that expire
+first, with their journaled verdicts, as the in-process store drops its oldest. The
+indexes forget expired entries as they go, so their upkeep is paid by the writes.
 
 ``<key>`` is the cohort key as ASCII JSON. Times are wall-clock seconds; TTLs are set
 with absolute instants (``PXAT``/``PEXPIREAT``), so a Redis whose clock agrees with the
@@ -120,13 +129,20 @@ _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 #
 #   H   1 key  field value          HSET
 #   D   1 key                       DEL
-#   W   1 key  attempt text pxat    watermark: max(stored, attempt), expiry always new
+#   W   2 keys attempt text pxat    watermark: max(stored, attempt), expiry always new;
+#                                   filed in the watermark index (KEYS[k + 1])
 #   V   2 keys pass json q cohort entry
 #                                   journal a pass (verdicts hash) and, when q is not
 #                                   '', file it in the group's reuse index, which keeps
 #                                   no TTL while an attempt may add verdicts
-#   T   3 keys value pxat           a tombstone; the cohort's verdicts expire with it,
-#                                   the reuse index with the group's last tombstone
+#   T   4 keys value pxat max now   a tombstone; the cohort's verdicts expire with it,
+#                                   the reuse index with the group's last tombstone.
+#                                   Filed in the tombstone index (KEYS[k + 3]), which
+#                                   then drops what expired before ``now``; past ``max``
+#                                   retained (0: no bound) the tombstones that expire
+#                                   first go, with their verdicts (max_terminal_cohorts)
+#   U   2 keys                      DEL a tombstone or watermark and take it out of its
+#                                   index (KEYS[k + 1])
 #   X   2 keys cohort               forget a cohort's verdicts, in the reuse index too
 #                                   (other attempts' verdicts on a question stay)
 #
@@ -157,6 +173,39 @@ local function drop_holder(rkey, q, cohort)
   end
 end
 
+local function forget_verdicts(vkey, rkey, cohort)
+  for _, raw in ipairs(redis.call('HVALS', vkey)) do
+    local d = cjson.decode(raw)
+    if type(d['s']) == 'string' then
+      drop_holder(rkey, d['x'] .. ':' .. d['f'] .. ':' .. d['n'] .. ':'
+        .. string.format('%d', d['k']) .. ':' .. (d['w'] and '1' or '0'), cohort)
+    end
+  end
+  redis.call('DEL', vkey)
+end
+
+-- Retention of a tombstone index past its bound: the tombstones that expire first go,
+-- with their journals. A member is a tombstone key PREFIX:t:{TAG}:COHORT, whose
+-- journal is PREFIX:v:{TAG}:COHORT and whose group's reuse index is PREFIX:r:{TAG}.
+local function retain(index, max, now)
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
+  if max <= 0 then return end
+  local over = redis.call('ZCARD', index) - max
+  if over <= 0 then return end
+  local popped = redis.call('ZPOPMIN', index, over)
+  for i = 1, #popped, 2 do
+    local tkey = popped[i]
+    local at = string.find(tkey, ':t:{', 1, true)
+    local close = string.find(tkey, '}:', at, true)
+    if at and close then
+      local head, tag = string.sub(tkey, 1, at - 1), string.sub(tkey, at + 3, close)
+      redis.call('DEL', tkey)
+      forget_verdicts(head .. ':v:' .. tag .. string.sub(tkey, close + 1),
+        head .. ':r:' .. tag, string.sub(tkey, close + 2))
+    end
+  end
+end
+
 local function apply_ops(k, a)
 local token = 0
 while a <= #ARGV do
@@ -175,7 +224,8 @@ while a <= #ARGV do
       if c and tonumber(c) > tonumber(attempt) then attempt = c end
     end
     redis.call('SET', KEYS[k], attempt .. ' ' .. ARGV[a + 2], 'PXAT', ARGV[a + 3])
-    k, a = k + 1, a + 4
+    redis.call('ZADD', KEYS[k + 1], ARGV[a + 3], KEYS[k])
+    k, a = k + 2, a + 4
   elseif op == 'V' then
     local q, cohort = ARGV[a + 3], ARGV[a + 4]
     redis.call('HSET', KEYS[k], ARGV[a + 1], ARGV[a + 2])
@@ -205,17 +255,15 @@ while a <= #ARGV do
         redis.call('PEXPIREAT', KEYS[k + 2], pxat)
       end
     end
-    k, a = k + 3, a + 3
-  elseif op == 'X' then
-    local cohort = ARGV[a + 1]
-    for _, raw in ipairs(redis.call('HVALS', KEYS[k])) do
-      local d = cjson.decode(raw)
-      if type(d['s']) == 'string' then
-        drop_holder(KEYS[k + 1], d['x'] .. ':' .. d['f'] .. ':' .. d['n'] .. ':'
-          .. string.format('%d', d['k']) .. ':' .. (d['w'] and '1' or '0'), cohort)
-      end
-    end
+    redis.call('ZADD', KEYS[k + 3], pxat, KEYS[k])
+    retain(KEYS[k + 3], tonumber(ARGV[a + 3]), ARGV[a + 4])
+    k, a = k + 4, a + 5
+  elseif op == 'U' then
     redis.call('DEL', KEYS[k])
+    redis.call('ZREM', KEYS[k + 1], KEYS[k])
+    k, a = k + 2, a + 1
+  elseif op == 'X' then
+    forget_verdicts(KEYS[k], KEYS[k + 1], ARGV[a + 1])
     k, a = k + 2, a + 2
   elseif op == 'I' then
     redis.call('HINCRBY', KEYS[k], ARGV[a + 1], ARGV[a + 2])
@@ -336,6 +384,9 @@ def _pxat(instant: float) -> int:
 class _Keys:
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
+        # Deployment-wide, outside every group's hash slot (like the replicas' indexes).
+        self.tombstone_index = f"{prefix}:it"
+        self.watermark_index = f"{prefix}:iw"
 
     def cohort(self, key: CohortKey) -> str:
         return f"{self.prefix}:c:{{{_cohort_tag(key)}}}:{_key_text(key)}"
@@ -439,6 +490,7 @@ class RedisStore:
         url: str,
         *,
         prefix: str = PREFIX,
+        max_tombstones: int = 0,
         socket_timeout_s: float = 5.0,
         connect_timeout_s: float = 2.0,
         retries: int = 2,
@@ -446,6 +498,9 @@ class RedisStore:
         self.url = url
         self.address = redacted_address(url)
         self.stats = RedisStats()
+        #: Tombstones retained in the whole store, at most (``max_terminal_cohorts``; 0:
+        #: only their TTL bounds them). Checked in the script that writes each one.
+        self.max_tombstones = max_tombstones
         self._keys = _Keys(prefix)
         self._prefix = prefix
         self._client: aioredis.Redis = aioredis.Redis.from_url(
@@ -705,22 +760,21 @@ class RedisStore:
             elif isinstance(record, TombstoneRecord):
                 tomb = record.tombstone
                 names += [keys.tombstone(tomb.key), keys.verdicts(tomb.key), keys.reuse(tomb.key)]
+                names.append(keys.tombstone_index)
                 value = _EXPIRY.pack(record.expires_at) + tomb.record()
-                args += ["T", value, _pxat(record.expires_at)]
+                now_ms = _pxat(time.time())
+                args += ["T", value, _pxat(record.expires_at), self.max_tombstones, now_ms]
             elif isinstance(record, DropTombstone):
-                names += [
-                    keys.tombstone(record.key),
-                    keys.verdicts(record.key),
-                    keys.reuse(record.key),
-                ]
-                args += ["D", "X", _key_text(record.key)]
+                names += [keys.tombstone(record.key), keys.tombstone_index]
+                names += [keys.verdicts(record.key), keys.reuse(record.key)]
+                args += ["U", "X", _key_text(record.key)]
             elif isinstance(record, WatermarkRecord):
                 text = f"{record.expires_at!r} {record.scope}".encode("utf-8", "surrogatepass")
-                names.append(keys.watermark(record.scope))
+                names += [keys.watermark(record.scope), keys.watermark_index]
                 args += ["W", record.attempt, text, _pxat(record.expires_at)]
             elif isinstance(record, DropWatermark):
-                names.append(keys.watermark(record.scope))
-                args.append("D")
+                names += [keys.watermark(record.scope), keys.watermark_index]
+                args.append("U")
             else:
                 raise TypeError(f"not a store record: {record!r}")
         return names, args
@@ -732,7 +786,9 @@ class RedisStore:
             return ("EVALSHA", _APPLY_SHA, len(names) + 1, names[0], *names, "", *args)
         lease_key = lease.key
         tag = lease_key[lease_key.index("{") : lease_key.index("}") + 1]
-        foreign = next((name for name in names if tag not in name), None)
+        # The retention indexes are the deployment's, like the replicas' own indexes.
+        indexes = (self._keys.tombstone_index, self._keys.watermark_index)
+        foreign = next((n for n in names if tag not in n and n not in indexes), None)
         if foreign is not None:
             raise ValueError(f"a batch fenced by the lease of one group writes {foreign}")
         return ("EVALSHA", _APPLY_SHA, len(names) + 1, lease_key, *names, lease.value, *args)

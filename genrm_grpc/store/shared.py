@@ -159,6 +159,15 @@ return {1, token}
 """
 )
 
+# KEYS: counts, evaluation index, tombstone index, watermark index. ARGV: now (ms).
+# The indexes forget what expired first (amortised: each entry is dropped once).
+_CENSUS = """
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[1])
+return {tonumber(redis.call('HGET', KEYS[1], '*') or '0'), redis.call('ZCARD', KEYS[2]),
+        redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4])}
+"""
+
 # KEYS: lease, fence counter, evaluation index. ARGV: owner, lease ms, member, expiry ms.
 # Takes an evaluation over only when nobody holds its lease.
 _CLAIM = """
@@ -263,6 +272,7 @@ class SharedGroups:
         self._claim = self._client.register_script(_CLAIM)
         self._renew = self._client.register_script(_RENEW)
         self._release = self._client.register_script(_RELEASE)
+        self._census = self._client.register_script(_CENSUS)
 
     # ------------------------------------------------------------------ keys
     def _tagged(self, kind: str, key: CohortKey) -> str:
@@ -301,6 +311,16 @@ class SharedGroups:
 
     async def ping(self) -> None:
         await self._call("PING", self._client.ping())
+
+    async def census(self, now: float) -> tuple[int, int, int, int]:
+        """The deployment's active, evaluating, tombstone and watermark counts (one round
+        trip; the state gauges of every replica)."""
+        keys = self._keys
+        names = [self._counts, self._evaluations, keys.tombstone_index, keys.watermark_index]
+        raw = await self._call("a census", self._census(keys=names, args=[_ms(now)]))
+        active, evaluating, tombstones, watermarks = (int(v) for v in raw)
+        self.stats.active_seen = active
+        return active, evaluating, tombstones, watermarks
 
     # ------------------------------------------------------------------ read
     async def load(self, key: CohortKey) -> GroupState:

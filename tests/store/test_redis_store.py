@@ -87,8 +87,10 @@ async def test_every_key_of_a_group_shares_one_hash_tag(redis_url: str) -> None:
     finally:
         client.close()
     kinds = {n.split(":")[1] for n in names}
-    assert kinds == {"c", "v", "r", "t", "w"}
-    tags = {re.search(r"\{([0-9a-f]{20})\}", n).group(1) for n in names}  # type: ignore[union-attr]
+    # it, iw: the deployment-wide retention indexes (genrm:it, genrm:iw), no group's.
+    assert kinds == {"c", "v", "r", "t", "w", "it", "iw"}
+    grouped = [n for n in names if n not in ("genrm:it", "genrm:iw")]
+    tags = {re.search(r"\{([0-9a-f]{20})\}", n).group(1) for n in grouped}  # type: ignore[union-attr]
     assert len(tags) == 1
 
 
@@ -109,8 +111,10 @@ async def test_expiring_records_carry_a_redis_ttl_at_their_expiry(redis_url: str
         ttls = {n.decode().split(":")[1]: client.pttl(n) for n in client.scan_iter("genrm:*")}
     finally:
         client.close()
-    # The tombstone already past its expiry is gone; the others expire when they should.
-    assert set(ttls) == {"t", "w"}
+    # The tombstone already past its expiry is gone (from its index too); the others
+    # expire when they should. The indexes have no TTL: they forget entries as they expire.
+    assert set(ttls) == {"t", "w", "it", "iw"}
+    assert ttls["it"] == ttls["iw"] == -1
     assert 590_000 < ttls["t"] <= 600_000
     assert 890_000 < ttls["w"] <= 900_000
 
