@@ -23,17 +23,15 @@ STORE_KINDS = ("sqlite", "memory", "redis")
 DEFAULT_KINDS = ("sqlite", "memory")
 """The kinds a suite runs on unless ``GENRM_TEST_STORES`` (comma-separated) names others.
 
-Redis is not among the defaults of the server suite yet: over the replica runtime, parts
-of it do not pass or hang (``tests/server/conftest.py``'s ``SubmitProbe`` wraps
-``runtime.submit``, which a replica never calls), which is the work of moving to one
-runtime. ``GENRM_TEST_STORES=redis`` runs it there. The security and fuzz suites pass on
-Redis and run on all three kinds (``EVERY_KIND_BY_DEFAULT``).
+The suites listed in ``EVERY_KIND_BY_DEFAULT`` (server, security, fuzz) run on Redis too:
+over the replica runtime, each member decided on its group as Redis holds it. The other
+store-parametrized tests start their own processes and choose their kinds themselves.
 """
 
 
 #: Suites that pass on every kind, Redis included, and so run on all three by default
 #: (paths relative to the repository; ``GENRM_TEST_STORES`` still overrides).
-EVERY_KIND_BY_DEFAULT = ("tests/security/", "tests/fuzz/")
+EVERY_KIND_BY_DEFAULT = ("tests/server/", "tests/security/", "tests/fuzz/")
 
 
 def _defaults(metafunc: pytest.Metafunc) -> tuple[str, ...]:

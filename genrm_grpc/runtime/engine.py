@@ -634,6 +634,10 @@ class CohortRuntime:
             watermarks=counts.get("watermarks", 0),
         )
 
+    async def refresh_census(self) -> Census:
+        """:meth:`census`, read now: the same call as a replica's, which reads Redis."""
+        return self.census()
+
     # ------------------------------------------------------------------ decisions
     def _execute(
         self,

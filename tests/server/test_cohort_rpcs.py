@@ -193,12 +193,13 @@ async def test_get_cohort_reports_phase_and_missing_slots_and_not_found(
     pending.cancel()
 
 
-# Nothing outlives a memory:// process: the cohort fails for good. A file or a shared
-# Redis keeps the cohort for the next process: the call is only interrupted.
+# Nothing outlives a memory:// process: the cohort fails for good. A file keeps the
+# cohort for the next process, a shared Redis for the other replicas: the call is only
+# interrupted (docs/durability.md's stop table, quoted).
 STOP_WORDS = {
     "memory": "shutting down",
     "sqlite": "kept in its store",
-    "redis": "kept in its store",
+    "redis": "goes on in the shared store",
 }
 
 

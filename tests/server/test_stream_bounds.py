@@ -123,7 +123,8 @@ async def test_a_member_beyond_the_stream_byte_bound_is_refused_and_the_stream_s
             "CAPACITY_EXHAUSTED",
         )
         assert "stream_max_held_bytes" in refused.error.status.message
-        assert server.registry.active_count() == 1  # the refused member made no cohort
+        census = await server.runtime.refresh_census()
+        assert census.collecting == 1  # the refused member made no cohort
         # Completing the held group frees its bytes: the same member is now accepted.
         await call.write(
             _request(member(2, group="big", size=3), pb.Candidate(output_text="short"))
