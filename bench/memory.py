@@ -91,7 +91,7 @@ async def measure(kind: str, count: int, sample: Callable[[], int]) -> dict[str,
     # Warm up code paths and caches (one cohort, then gone) before the baseline.
     warm = make_runtime(InstantJudge(), retained=10)
     for i in range(GROUP_SIZE):
-        warm.submit(submission(-1, i))
+        warm.decide(submission(-1, i))
     await settle()
     del warm
     tickets: list[Ticket] = []
@@ -100,7 +100,7 @@ async def measure(kind: str, count: int, sample: Callable[[], int]) -> dict[str,
     before = sample()
     for n in range(count):
         for i in range(GROUP_SIZE):
-            ticket = runtime.submit(submission(n, i))
+            ticket = runtime.decide(submission(n, i))
             if kind == "active":
                 tickets.append(ticket)  # the waiting handlers hold their tickets
         if kind == "tombstone" and n % 64 == 63:

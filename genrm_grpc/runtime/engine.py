@@ -292,10 +292,6 @@ class _Live:
 
 
 class CohortRuntime:
-    #: Decisions are taken here, synchronously, on this process's registry. Replicas
-    #: sharing a store (``ReplicaRuntime``) read the group first: ``submit_shared``.
-    decides_locally = True
-
     def __init__(
         self,
         registry: CohortRegistry,
@@ -380,19 +376,21 @@ class CohortRuntime:
             )
         return len(cohorts)
 
-    def submit(self, sub: Submission, *, on_progress: ProgressCallback | None = None) -> Ticket:
-        """Apply one member submission; never awaits, so the decision is atomic."""
+    def decide(self, sub: Submission, *, on_progress: ProgressCallback | None = None) -> Ticket:
+        """Apply one member submission on this process's registry, at once: the decision
+        is atomic because nothing in it awaits."""
         decision = self.registry.submit(sub, self._clock.now())
         write = self._persist(decision.records)
         for ended in decision.ended:
             self._publish(ended, write)
         return self._execute(sub, decision, write, on_progress)
 
-    async def submit_shared(
+    async def submit(
         self, sub: Submission, *, on_progress: ProgressCallback | None = None
     ) -> Ticket:
-        """The same decision as :meth:`submit`, for callers that may await it."""
-        return self.submit(sub, on_progress=on_progress)
+        """One member's decision (:meth:`decide`): the call every runtime answers, which
+        on a replica reads its group from the shared store first."""
+        return self.decide(sub, on_progress=on_progress)
 
     async def view(self, key: CohortKey) -> tuple[CohortRegistry, float]:
         """A registry that answers queries about ``key``'s group, and its ``now``."""

@@ -129,8 +129,6 @@ class _Op:
 
 
 class ReplicaRuntime(CohortRuntime):
-    decides_locally = False
-
     def __init__(
         self,
         registry: CohortRegistry,
@@ -431,10 +429,10 @@ class ReplicaRuntime(CohortRuntime):
         return 0 if live is None else sum(len(w) for w in live.waiters.values())
 
     # ------------------------------------------------------------------ API
-    def submit(self, sub: Submission, *, on_progress: ProgressCallback | None = None) -> Ticket:
-        raise RuntimeError("a replica decides after reading its group: use submit_shared")
+    def decide(self, sub: Submission, *, on_progress: ProgressCallback | None = None) -> Ticket:
+        raise RuntimeError("a replica decides after reading its group: await submit")
 
-    async def submit_shared(
+    async def submit(
         self, sub: Submission, *, on_progress: ProgressCallback | None = None
     ) -> Ticket:
         """Decide a member on its group as Redis holds it; raises CallInterrupted

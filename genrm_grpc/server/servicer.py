@@ -122,21 +122,11 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         self._observer.member_rejected(rejection.reason.value)
         return rejection
 
-    def _submit(self, sub: Submission, on_progress: ProgressCallback | None = None) -> Ticket:
+    async def _submit(self, sub: Submission, on_progress: ProgressCallback | None = None) -> Ticket:
+        """The runtime's decision on one member, counted; raises CallInterrupted
+        (STORE_UNAVAILABLE) when the store cannot be read or written."""
         with self._tracer.submitting(sub.key):
-            ticket = self._runtime.submit(sub, on_progress=on_progress)
-        if ticket.rejection is not None:
-            self._observer.member_rejected(ticket.rejection.reason.value)
-        else:
-            self._observer.member_result(ticket.disposition.value)
-        return ticket
-
-    async def _submit_shared(
-        self, sub: Submission, on_progress: ProgressCallback | None = None
-    ) -> Ticket:
-        """``_submit`` on a replica of a shared store: the decision reads the group first."""
-        with self._tracer.submitting(sub.key):
-            ticket = await self._runtime.submit_shared(sub, on_progress=on_progress)
+            ticket = await self._runtime.submit(sub, on_progress=on_progress)
         if ticket.rejection is not None:
             self._observer.member_rejected(ticket.rejection.reason.value)
         else:
@@ -152,13 +142,10 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         sub = admission.member(request, admission.principal(context))
         if isinstance(sub, Rejection):
             await abort(context, self._rejected(sub))
-        if self._runtime.decides_locally:
-            ticket = self._submit(sub)
-        else:
-            try:
-                ticket = await self._submit_shared(sub)
-            except CallInterrupted as exc:
-                await abort(context, self._interrupted(sub, exc))
+        try:
+            ticket = await self._submit(sub)
+        except CallInterrupted as exc:
+            await abort(context, self._interrupted(sub, exc))
         if ticket.rejection is not None:
             await abort(context, ticket.rejection)
         try:
@@ -349,8 +336,7 @@ class _GroupStream:
         self._groups: dict[CohortKey, list[Any]] = {}  # key → [group ref, members held]
         self._reading = True
         self._replays_pending = 0  # replays waiting for their outcome to be written
-        # Replicas on a shared store: members whose decision (a Redis read and commit) is
-        # in flight; several at once, so that a stream is not one round trip per member.
+        # Members whose decision is in flight (on a shared store, a Redis read and commit).
         self._deciding: set[asyncio.Task[None]] = set()
         self._unaccepted = 0  # held members waiting to be written before "accepted"
         self._on_progress_cb = self._on_progress
@@ -411,19 +397,6 @@ class _GroupStream:
         )
 
     # ------------------------------------------------------------------ members in
-    def _handle(self, request: Any) -> None:
-        """One request → its events; nothing a member does can escape into the stream."""
-        if is_undecodable(request):
-            self._error(pb.MemberRef(), _undecodable_member(request))
-            return
-        ref = request.member.member
-        try:
-            self._submit(request, ref)
-        except RecursionError:
-            self._error(ref, _nested_too_deeply(ref))
-        except Exception as exc:
-            self._internal(ref, "handling a member", exc)
-
     def _admit(
         self, request: pb.StreamGroupsRequest, ref: pb.MemberRef
     ) -> tuple[Submission, int] | None:
@@ -440,15 +413,8 @@ class _GroupStream:
             return None
         return sub, cost
 
-    def _submit(self, request: pb.StreamGroupsRequest, ref: pb.MemberRef) -> None:
-        admitted = self._admit(request, ref)
-        if admitted is None:
-            return
-        sub, cost = admitted
-        self._take(sub, ref, cost, self._servicer._submit(sub, self._on_progress_cb))
-
-    async def _handle_shared(self, request: Any) -> None:
-        """``_handle`` on a replica of a shared store: the decision is awaited, in order."""
+    async def _handle(self, request: Any) -> None:
+        """One request → its events; nothing a member does can escape into the stream."""
         if is_undecodable(request):
             self._error(pb.MemberRef(), _undecodable_member(request))
             return
@@ -459,7 +425,7 @@ class _GroupStream:
                 return
             sub, cost = admitted
             try:
-                ticket = await self._servicer._submit_shared(sub, self._on_progress_cb)
+                ticket = await self._servicer._submit(sub, self._on_progress_cb)
             except CallInterrupted as exc:
                 self._error(ref, self._servicer._interrupted(sub, exc))
                 return
@@ -507,8 +473,13 @@ class _GroupStream:
         return len(self._out) + self._unaccepted + self._replays_pending + len(self._deciding)
 
     def _decide(self, request: Any) -> None:
-        """Start a member's shared-store decision; its events are queued when it is taken."""
-        task = asyncio.ensure_future(self._handle_shared(request))
+        """Start a member's decision; its events are queued when it is taken.
+
+        Several at once, so that a stream over a shared store is not one round trip per
+        member; tasks start in the order they are made, and a decision that needs no
+        store read (a single process) completes in its first step, in that order.
+        """
+        task = asyncio.ensure_future(self._handle(request))
         self._deciding.add(task)
         task.add_done_callback(self._decided)
 
@@ -595,12 +566,8 @@ class _GroupStream:
     async def _read(self) -> None:
         limit = self._limits.stream_max_buffered_events
         try:
-            local = self._servicer._runtime.decides_locally
             async for request in self._requests:
-                if local:
-                    self._handle(request)
-                else:
-                    self._decide(request)
+                self._decide(request)
                 # Stop reading while the client has not taken what it is owed (queued
                 # events, and the events of members still being written): unread
                 # requests stay in gRPC's flow-control window, and the client's writes

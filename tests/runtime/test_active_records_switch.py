@@ -85,7 +85,7 @@ async def test_the_runtime_keeps_active_journaling_for_a_file_and_a_restart_find
     runtime = _runtime(SqliteStore(path))
     assert runtime.registry.journal_active
     await runtime.open()
-    ticket = runtime.submit(member(0))
+    ticket = runtime.decide(member(0))
     await ticket.persisted()
     await runtime.close()
 

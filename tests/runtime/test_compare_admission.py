@@ -26,7 +26,7 @@ async def test_a_cohort_ready_during_a_large_compare_is_judged_between_its_passe
     rt = make_runtime(judge, clock, concurrency=1)
     compare = asyncio.create_task(rt.compare(PROMPT, _candidates(8)))  # 8 circular passes
     await until(lambda: len(judge.calls) == 1)  # the compare holds the only permit
-    tickets = [rt.submit(sub(k, gid="train", size=2)) for k in range(2)]  # 2 passes
+    tickets = [rt.decide(sub(k, gid="train", size=2)) for k in range(2)]  # 2 passes
     await until(lambda: rt.stats()["judge_waiting"] == 7 + 2)  # all passes queued
     order = []
     for n in range(10):  # one permit: call n starts only after call n-1 finished

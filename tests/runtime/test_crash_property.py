@@ -227,7 +227,7 @@ class Process:
 
     async def _call(self, member: MemberId, submission: Submission) -> None:
         """What SubmitMember does: answer only once what the answer depends on is durable."""
-        ticket = self.runtime.submit(submission)
+        ticket = self.runtime.decide(submission)
         if ticket.rejection is not None:
             self.run.answers[member] = ("rejected", ticket.rejection.reason.value)
             return

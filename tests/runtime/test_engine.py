@@ -87,7 +87,7 @@ def cohort_of(runtime: CohortRuntime, **kw: Any) -> Cohort:
 
 
 def fill(runtime: CohortRuntime, size: int = 3, **kw: Any) -> list[Ticket]:
-    return [accepted(runtime.submit(sub(i, size=size, **kw))) for i in range(size)]
+    return [accepted(runtime.decide(sub(i, size=size, **kw))) for i in range(size)]
 
 
 def index_of(answer: str) -> int:
@@ -112,10 +112,10 @@ async def test_a_full_group_is_judged_once_per_pair_and_judge_and_published_toge
 ) -> None:
     rt = make_runtime(judge, clock, num_judges_per_comparison=2)
     progress: list[PairProgress] = []
-    tickets = [accepted(rt.submit(sub(i), on_progress=progress.append)) for i in range(2)]
+    tickets = [accepted(rt.decide(sub(i), on_progress=progress.append)) for i in range(2)]
     await settle()
     assert judge.calls == []  # after_collection: nothing is judged before the group is full
-    tickets.append(accepted(rt.submit(sub(2))))
+    tickets.append(accepted(rt.decide(sub(2))))
     cohort = cohort_of(rt)
     assert cohort.phase is Phase.EVALUATING
 
@@ -166,7 +166,7 @@ async def test_concurrent_identical_submissions_attach_to_one_outcome(
     judge = ScriptedJudge(auto=True)
     rt = make_runtime(judge, clock)
     members = [0, 0, 0, 1, 1, 2]
-    tickets = [rt.submit(sub(i)) for i in members]
+    tickets = [rt.decide(sub(i)) for i in members]
     assert [t.disposition for t in tickets] == [
         Disposition.ACCEPTED,
         Disposition.ATTACHED,
@@ -176,7 +176,7 @@ async def test_concurrent_identical_submissions_attach_to_one_outcome(
         Disposition.ACCEPTED,
     ]
     # Identical members arriving while it is evaluating attach too, at no cost.
-    tickets += [accepted(rt.submit(sub(i))) for i in range(3)]
+    tickets += [accepted(rt.decide(sub(i))) for i in range(3)]
     assert tickets[-1].disposition is Disposition.ATTACHED
     cohort = cohort_of(rt)
     outcomes = await asyncio.gather(*(t.waiter.wait() for t in tickets if t.waiter))
@@ -184,7 +184,7 @@ async def test_concurrent_identical_submissions_attach_to_one_outcome(
     assert isinstance(outcomes[0], Completed)
     assert len(judge.calls) == rt.judge_calls == 3
     # After completion an identical member replays, still without a judge call.
-    replay = rt.submit(sub(1))
+    replay = rt.decide(sub(1))
     assert replay.disposition is Disposition.REPLAYED
     assert replay.replay is not None and replay.replay.outcome == outcomes[0]
     assert len(judge.calls) == 3
@@ -199,7 +199,7 @@ async def test_a_different_response_racing_an_identical_one_for_a_slot(
 
     async def submit_when_told(answer: str | None) -> Ticket:
         await go.wait()
-        return rt.submit(sub(0, answer=answer))
+        return rt.decide(sub(0, answer=answer))
 
     racers = [
         asyncio.create_task(submit_when_told(None)),
@@ -243,7 +243,7 @@ async def test_supersession_during_evaluation_fails_the_old_attempt_and_fences_i
     await settle()
 
     progress: list[PairProgress] = []
-    new_first = accepted(rt.submit(sub(0, attempt=1), on_progress=progress.append))
+    new_first = accepted(rt.decide(sub(0, attempt=1), on_progress=progress.append))
     assert new_first.disposition is Disposition.ACCEPTED
     # The old attempt's waiters learn at once that it failed.
     for ticket in old_tickets:
@@ -261,7 +261,7 @@ async def test_supersession_during_evaluation_fails_the_old_attempt_and_fences_i
     assert progress == []
     assert len(judge.calls) == 3
 
-    new_tickets = [new_first] + [accepted(rt.submit(sub(i, attempt=1))) for i in (1, 2)]
+    new_tickets = [new_first] + [accepted(rt.decide(sub(i, attempt=1))) for i in (1, 2)]
     new = cohort_of(rt, attempt=1)
     await until(lambda: len(judge.calls) == 6)
     new_verdicts = [Verdict(2, 3, 4), Verdict(3, 3, 3), Verdict(4, 1, 2)]
@@ -274,7 +274,7 @@ async def test_supersession_during_evaluation_fails_the_old_attempt_and_fences_i
     seen = {p.verdict for r in outcome.rewards for p in r.comparisons}
     assert seen == set(new_verdicts)
     assert {p.key for p in progress} == {new.key} and len(progress) == 3
-    rejected(rt.submit(sub(0, attempt=0)), Reason.ATTEMPT_SUPERSEDED)
+    rejected(rt.decide(sub(0, attempt=0)), Reason.ATTEMPT_SUPERSEDED)
     assert rt.judge_calls == 6
     await assert_no_leaks(rt, judge=judge, cohorts=[old, new])
 
@@ -284,7 +284,7 @@ async def test_cancel_cohort_during_evaluation_fails_waiters_and_cancels_judging
 ) -> None:
     rt = make_runtime(judge, clock)
     tickets = fill(rt)
-    tickets.append(accepted(rt.submit(sub(1))))
+    tickets.append(accepted(rt.decide(sub(1))))
     cohort = cohort_of(rt)
     await until(lambda: len(judge.calls) == 3)
     judge.calls[0].release()
@@ -297,7 +297,7 @@ async def test_cancel_cohort_during_evaluation_fails_waiters_and_cancels_judging
     assert not rt.cancel_cohort(cohort.key, "again")
     await rt.drain_tasks()
     assert [c.state for c in judge.calls] == ["done", "cancelled", "cancelled"]
-    message = rejected(rt.submit(sub(2)), Reason.COHORT_FAILED)
+    message = rejected(rt.decide(sub(2)), Reason.COHORT_FAILED)
     assert "cancelled by the operator" in message
     assert len(judge.calls) == 3
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
@@ -316,11 +316,11 @@ async def test_the_collection_deadline_racing_the_last_member_gives_one_disposit
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     rt = make_runtime(judge, clock)
-    first = [accepted(rt.submit(sub(i))) for i in (0, 1)]
+    first = [accepted(rt.decide(sub(i))) for i in (0, 1)]
     cohort = cohort_of(rt)
     deadline = clock.now() + COLLECTION_S
     clock.set(deadline)  # the deadline is due, but its timer has not run
-    last = rt.submit(sub(2))
+    last = rt.decide(sub(2))
     message = rejected(last, Reason.COHORT_FAILED)
     assert "collection deadline expired" in message
     outcomes = [outcome_now(t) for t in first]
@@ -338,15 +338,15 @@ async def test_the_collection_deadline_fails_a_waiting_cohort_and_later_members(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     rt = make_runtime(judge, clock)
-    ticket = accepted(rt.submit(sub(0)))
+    ticket = accepted(rt.decide(sub(0)))
     cohort = cohort_of(rt)
     clock.advance(COLLECTION_S - 1)
     assert not done(ticket)
     clock.advance(1)
     outcome = outcome_now(ticket)
     assert isinstance(outcome, Failed) and "collection deadline" in outcome.reason
-    rejected(rt.submit(sub(1)), Reason.COHORT_FAILED)
-    rejected(rt.submit(sub(0)), Reason.COHORT_FAILED)
+    rejected(rt.decide(sub(1)), Reason.COHORT_FAILED)
+    rejected(rt.decide(sub(0)), Reason.COHORT_FAILED)
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
@@ -361,7 +361,7 @@ async def test_a_late_collection_timer_never_changes_a_completed_cohort(
     assert isinstance(outcome, Completed)
     clock.advance(COLLECTION_S + EVALUATION_S + 1)
     assert cohort.outcome is outcome and cohort.phase is Phase.COMPLETED
-    assert rt.submit(sub(0)).disposition is Disposition.REPLAYED
+    assert rt.decide(sub(0)).disposition is Disposition.REPLAYED
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
@@ -388,7 +388,7 @@ async def test_the_evaluation_deadline_masks_the_cohort_and_discards_late_result
     await rt.drain_tasks()
     assert judge.calls[1].state == "done"
     assert cohort.outcome is outcome and cohort.phase is Phase.COMPLETED
-    replay = rt.submit(sub(2))
+    replay = rt.decide(sub(2))
     assert replay.disposition is Disposition.REPLAYED
     assert replay.replay is not None and replay.replay.outcome == outcome
     assert len(judge.calls) == 3
@@ -416,7 +416,7 @@ async def test_a_judge_failure_masks_everyone_and_cancels_the_other_comparisons(
     await rt.drain_tasks()
     assert [c.state for c in judge.calls] == ["failed", "cancelled"]
     assert len(judge.calls) == rt.judge_calls == 2  # the queued comparisons never ran
-    assert rt.submit(sub(3, size=4)).disposition is Disposition.REPLAYED
+    assert rt.decide(sub(3, size=4)).disposition is Disposition.REPLAYED
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
@@ -480,7 +480,7 @@ async def test_rewards_that_are_not_finite_or_not_one_per_member_fail_the_cohort
     assert isinstance(outcome, Failed), outcome
     assert "aggregation produced" in outcome.reason and "nothing was published" in outcome.reason
     assert all(outcome_now(t) is outcome for t in tickets)
-    message = rejected(rt.submit(sub(0)), Reason.COHORT_FAILED)
+    message = rejected(rt.decide(sub(0)), Reason.COHORT_FAILED)
     assert "aggregation produced" in message
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
@@ -491,8 +491,8 @@ async def test_rewards_that_are_not_finite_or_not_one_per_member_fail_the_cohort
 async def test_cohorts_never_wake_each_other(clock: ManualClock) -> None:
     judge = ScriptedJudge(auto=True)
     rt = make_runtime(judge, clock)
-    waiting = accepted(rt.submit(sub(0, gid="b", size=2)))
-    other_prompt = accepted(rt.submit(sub(0, gid=None, task_index=1, size=2)))
+    waiting = accepted(rt.decide(sub(0, gid="b", size=2)))
+    other_prompt = accepted(rt.decide(sub(0, gid=None, task_index=1, size=2)))
     finished = fill(rt, size=2, gid="a")
     outcome = await finished[0].waiter.wait()  # type: ignore[union-attr]
     assert isinstance(outcome, Completed)
@@ -504,7 +504,7 @@ async def test_cohorts_never_wake_each_other(clock: ManualClock) -> None:
     assert b.phase is Phase.COLLECTING
 
     # The waiting cohorts finish on their own terms.
-    accepted(rt.submit(sub(1, gid="b", size=2)))
+    accepted(rt.decide(sub(1, gid="b", size=2)))
     assert isinstance(await waiting.waiter.wait(), Completed)  # type: ignore[union-attr]
     clock.advance(COLLECTION_S)
     assert isinstance(outcome_now(other_prompt), Failed)
@@ -515,8 +515,8 @@ async def test_a_cancelled_waiter_removes_only_itself_and_an_identical_retry_rea
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     rt = make_runtime(judge, clock)
-    first = accepted(rt.submit(sub(0, size=2)))
-    stays = accepted(rt.submit(sub(0, size=2)))
+    first = accepted(rt.decide(sub(0, size=2)))
+    stays = accepted(rt.decide(sub(0, size=2)))
     cohort = cohort_of(rt, size=2)
     task = asyncio.create_task(first.waiter.wait())  # type: ignore[union-attr]
     await settle()
@@ -527,9 +527,9 @@ async def test_a_cancelled_waiter_removes_only_itself_and_an_identical_retry_rea
     assert rt.stats()["waiters"] == 1
     assert sorted(cohort.members) == [0] and cohort.phase is Phase.COLLECTING
 
-    retry = rt.submit(sub(0, size=2))
+    retry = rt.decide(sub(0, size=2))
     assert retry.disposition is Disposition.ATTACHED
-    last = accepted(rt.submit(sub(1, size=2)))
+    last = accepted(rt.decide(sub(1, size=2)))
     await until(lambda: len(judge.calls) == 2)
     judge.release_all()
     outcome = await retry.waiter.wait()  # type: ignore[union-attr]
@@ -554,7 +554,7 @@ async def test_cancelling_every_waiter_keeps_the_cohort_and_its_judging(
     await asyncio.gather(*tasks, return_exceptions=True)
     assert rt.stats()["waiters"] == 0 and cohort.phase is Phase.EVALUATING
     assert all(c.state == "blocked" for c in judge.calls)
-    again = accepted(rt.submit(sub(2)))
+    again = accepted(rt.decide(sub(2)))
     judge.release_all()
     assert isinstance(await again.waiter.wait(), Completed)  # type: ignore[union-attr]
     assert len(judge.calls) == 3
@@ -569,7 +569,7 @@ async def test_shutdown_with_the_grace_expired_fails_everything_and_drains_tasks
 ) -> None:
     rt = make_runtime(judge, clock)
     evaluating = fill(rt, gid="e")
-    collecting = accepted(rt.submit(sub(0, gid="c")))
+    collecting = accepted(rt.decide(sub(0, gid="c")))
     cohorts = [cohort_of(rt, gid="e"), cohort_of(rt, gid="c")]
     await until(lambda: len(judge.calls) == 3)
     judge.calls[0].release()
@@ -580,8 +580,8 @@ async def test_shutdown_with_the_grace_expired_fails_everything_and_drains_tasks
         outcome = outcome_now(ticket)
         assert isinstance(outcome, Failed) and outcome.reason == "server is shutting down"
     assert [c.state for c in judge.calls] == ["done", "cancelled", "cancelled"]
-    rejected(rt.submit(sub(0, gid="new")), Reason.SHUTTING_DOWN)
-    assert "server is shutting down" in rejected(rt.submit(sub(0, gid="e")), Reason.COHORT_FAILED)
+    rejected(rt.decide(sub(0, gid="new")), Reason.SHUTTING_DOWN)
+    assert "server is shutting down" in rejected(rt.decide(sub(0, gid="e")), Reason.COHORT_FAILED)
     await assert_no_leaks(rt, judge=judge, cohorts=cohorts)
 
 
@@ -590,7 +590,7 @@ async def test_evaluations_that_finish_within_the_shutdown_grace_publish_normall
 ) -> None:
     rt = make_runtime(judge, clock)
     evaluating = fill(rt, gid="e")
-    collecting = accepted(rt.submit(sub(0, gid="c")))
+    collecting = accepted(rt.decide(sub(0, gid="c")))
     cohorts = [cohort_of(rt, gid="e"), cohort_of(rt, gid="c")]
     await until(lambda: len(judge.calls) == 3)
 
@@ -599,9 +599,9 @@ async def test_evaluations_that_finish_within_the_shutdown_grace_publish_normall
     await settle()
     assert not shutdown.done()
     # While draining: no new cohort, no new slot, but identical members attach.
-    rejected(rt.submit(sub(0, gid="new")), Reason.SHUTTING_DOWN)
-    rejected(rt.submit(sub(1, gid="c")), Reason.SHUTTING_DOWN)
-    late_attach = accepted(rt.submit(sub(1, gid="e")))
+    rejected(rt.decide(sub(0, gid="new")), Reason.SHUTTING_DOWN)
+    rejected(rt.decide(sub(1, gid="c")), Reason.SHUTTING_DOWN)
+    late_attach = accepted(rt.decide(sub(1, gid="e")))
     assert late_attach.disposition is Disposition.ATTACHED
 
     judge.release_all()
@@ -653,7 +653,7 @@ async def test_with_concurrency_one_the_first_ready_cohort_is_judged_first(
     judge = ScriptedJudge(auto=True)
     rt = make_runtime(judge, clock, concurrency=1)
     order = [("b", 0), ("a", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
-    tickets = [accepted(rt.submit(sub(i, gid=gid))) for gid, i in order]
+    tickets = [accepted(rt.decide(sub(i, gid=gid))) for gid, i in order]
     cohorts = [cohort_of(rt, gid="a"), cohort_of(rt, gid="b")]
     await asyncio.gather(*(t.waiter.wait() for t in tickets if t.waiter))
     groups = [c.inp.response_1.split("/")[0] for c in judge.calls]
@@ -683,21 +683,21 @@ async def test_eager_schedule_judges_pairs_early_but_publishes_only_when_full(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     rt = make_runtime(judge, clock, schedule="eager")
-    t0 = accepted(rt.submit(sub(0)))
+    t0 = accepted(rt.decide(sub(0)))
     await settle()
     assert judge.calls == []
-    t1 = accepted(rt.submit(sub(1)))
+    t1 = accepted(rt.decide(sub(1)))
     await until(lambda: len(judge.calls) == 1)
     assert judge.calls[0].pair == (text("g", 0), text("g", 1))
     judge.calls[0].release(Verdict(5, 1, 1))
     await settle()
     cohort = cohort_of(rt)
     assert cohort.phase is Phase.COLLECTING and not done(t0) and not done(t1)
-    accepted(rt.submit(sub(1)))  # a duplicate starts nothing
+    accepted(rt.decide(sub(1)))  # a duplicate starts nothing
     await settle()
     assert len(judge.calls) == 1
 
-    t2 = accepted(rt.submit(sub(2)))
+    t2 = accepted(rt.decide(sub(2)))
     await until(lambda: len(judge.calls) == 3)
     assert {c.pair for c in judge.calls[1:]} == {
         (text("g", 1), text("g", 2)),
@@ -720,7 +720,7 @@ async def test_eager_verdicts_are_discarded_when_the_collection_deadline_fails_t
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     rt = make_runtime(judge, clock, schedule="eager")
-    early = [accepted(rt.submit(sub(i, size=4))) for i in range(3)]
+    early = [accepted(rt.decide(sub(i, size=4))) for i in range(3)]
     old = cohort_of(rt, size=4)
     await until(lambda: len(judge.calls) == 2)  # (0,1) and (1,2)
     judge.calls[0].release(Verdict(5, 1, 1))
@@ -744,12 +744,12 @@ async def test_an_eager_judge_failure_masks_the_cohort_once_it_is_full(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     rt = make_runtime(judge, clock, schedule="eager")
-    first = [accepted(rt.submit(sub(i))) for i in range(2)]
+    first = [accepted(rt.decide(sub(i))) for i in range(2)]
     await until(lambda: len(judge.calls) == 1)
     judge.calls[0].fail("judge failed early")
     await settle()
     assert not done(first[0])  # publication still waits for the full group
-    last = accepted(rt.submit(sub(2)))
+    last = accepted(rt.decide(sub(2)))
     await until(lambda: done(last))
     outcome = outcome_now(last)
     assert isinstance(outcome, Masked) and outcome.reason == "judge failed early"
@@ -761,7 +761,7 @@ async def test_an_eager_failure_in_a_cohort_that_never_fills_is_not_logged_as_un
     clock: ManualClock, judge: ScriptedJudge, caplog: pytest.LogCaptureFixture
 ) -> None:
     rt = make_runtime(judge, clock, schedule="eager")
-    tickets = [accepted(rt.submit(sub(i))) for i in range(2)]
+    tickets = [accepted(rt.decide(sub(i))) for i in range(2)]
     await until(lambda: len(judge.calls) == 1)
     judge.calls[0].fail("judge failed early")
     await settle()
@@ -778,13 +778,13 @@ async def test_a_group_of_one_gets_the_default_score_without_a_judge_call(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     rt = make_runtime(judge, clock, default_score=2.5)
-    ticket = accepted(rt.submit(sub(0, size=1)))
+    ticket = accepted(rt.decide(sub(0, size=1)))
     outcome = await ticket.waiter.wait()  # type: ignore[union-attr]
     assert isinstance(outcome, Completed)
     assert [r.reward for r in outcome.rewards] == [2.5]
     assert outcome.rewards[0].comparisons == ()
     assert judge.calls == [] and rt.judge_calls == 0
-    assert rt.submit(sub(0, size=1)).disposition is Disposition.REPLAYED
+    assert rt.decide(sub(0, size=1)).disposition is Disposition.REPLAYED
     await assert_no_leaks(rt, judge=judge)
 
 
@@ -793,7 +793,7 @@ async def test_a_group_of_one_is_scored_within_its_submission_with_no_task_or_ti
 ) -> None:
     """Nothing to judge: the outcome is there when ``submit`` returns (hot path)."""
     rt = make_runtime(judge, clock)
-    ticket = accepted(rt.submit(sub(0, size=1)))
+    ticket = accepted(rt.decide(sub(0, size=1)))
     assert ticket.waiter is not None and ticket.waiter.future.done()
     assert isinstance(ticket.waiter.future.result(), Completed)
     assert rt.stats()["owned_tasks"] == 0 and rt.stats()["live_cohorts"] == 0
@@ -813,7 +813,7 @@ async def test_judge_calls_stay_exact_under_a_storm_of_duplicates_and_reconnects
     for round_ in range(6):
         for i in range(4):
             for copy in range(3):
-                ticket = accepted(rt.submit(sub(i, size=4)))
+                ticket = accepted(rt.decide(sub(i, size=4)))
                 task = asyncio.create_task(ticket.waiter.wait())  # type: ignore[union-attr]
                 if (round_ + i + copy) % 2:
                     cancelled.append(task)  # the client goes away, then reconnects
@@ -834,7 +834,7 @@ async def test_judge_calls_stay_exact_under_a_storm_of_duplicates_and_reconnects
     assert len(outcomes) == 1
     assert len(judge.calls) == rt.judge_calls == 12  # 6 pairs × 2 judges, exactly
     assert judge.max_in_flight <= 5
-    assert rt.submit(sub(2, size=4)).disposition is Disposition.REPLAYED
+    assert rt.decide(sub(2, size=4)).disposition is Disposition.REPLAYED
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
@@ -843,9 +843,9 @@ async def test_progress_is_reported_per_pair_while_the_cohort_is_active(
 ) -> None:
     rt = make_runtime(judge, clock, num_judges_per_comparison=2)
     seen: list[PairProgress] = []
-    rt.submit(sub(0, size=2), on_progress=seen.append)
-    rt.submit(sub(0, size=2), on_progress=seen.append)  # the same callback counts once
-    last = accepted(rt.submit(sub(1, size=2)))
+    rt.decide(sub(0, size=2), on_progress=seen.append)
+    rt.decide(sub(0, size=2), on_progress=seen.append)  # the same callback counts once
+    last = accepted(rt.decide(sub(1, size=2)))
     key = cohort_of(rt, size=2).key
     await until(lambda: len(judge.calls) == 4)
     judge.release_all()
@@ -888,7 +888,7 @@ async def test_fixed_baseline_judges_every_member_against_the_baseline(
     prompt = PromptSpec(PROMPT.messages, baseline_response="The baseline: Jupiter.")
     rt = make_runtime(judge, clock, mode="fixed_baseline", num_judges_per_comparison=2)
     tickets = [
-        accepted(rt.submit(sub(i, size=3, prompt=prompt, mode="fixed_baseline"))) for i in range(3)
+        accepted(rt.decide(sub(i, size=3, prompt=prompt, mode="fixed_baseline"))) for i in range(3)
     ]
     await until(lambda: len(judge.calls) == 6)
     for call in judge.calls:
@@ -912,11 +912,11 @@ async def test_an_eager_judge_failure_cancels_the_other_early_comparisons(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     rt = make_runtime(judge, clock, schedule="eager")
-    tickets = [accepted(rt.submit(sub(i, size=4))) for i in range(3)]  # pairs (0,1), (1,2)
+    tickets = [accepted(rt.decide(sub(i, size=4))) for i in range(3)]  # pairs (0,1), (1,2)
     await until(lambda: len(judge.calls) == 2)
     judge.calls[0].fail("judge failed early")
     await until(lambda: judge.calls[1].state == "cancelled")
-    last = accepted(rt.submit(sub(3, size=4)))
+    last = accepted(rt.decide(sub(3, size=4)))
     await until(lambda: done(last))
     outcome = outcome_now(last)
     assert isinstance(outcome, Masked) and outcome.reason == "judge failed early"

@@ -56,12 +56,12 @@ async def test_one_member_of_a_huge_declared_group_costs_memory_for_itself_only(
 ) -> None:
     rt = make_runtime(judge, clock, schedule=schedule)  # type: ignore[arg-type]
     first = sub(0, gid="warm", size=4)
-    rt.submit(first)  # warm up every code path and cache
+    rt.decide(first)  # warm up every code path and cache
     member = sub(0, gid="huge", size=4096)
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        ticket = rt.submit(member)
+        ticket = rt.decide(member)
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
@@ -78,10 +78,10 @@ async def test_a_large_complete_cohort_starts_its_passes_in_slices(clock: Manual
     judge = ScriptedJudge(auto=True)
     rt = make_runtime(judge, clock)
     members = [sub(k, gid="big", size=n) for k in range(n)]
-    first = rt.submit(members[0])
+    first = rt.decide(members[0])
     assert first.waiter is not None
     for member in members[1:-1]:
-        rt.submit(member)
+        rt.decide(member)
     started_when_others_ran: list[int] = []
 
     async def bystander() -> None:
@@ -90,7 +90,7 @@ async def test_a_large_complete_cohort_starts_its_passes_in_slices(clock: Manual
         started_when_others_ran.append(len(live.pair_tasks))
 
     probe = asyncio.create_task(bystander())
-    rt.submit(members[-1])  # the cohort freezes; its evaluation task starts next
+    rt.decide(members[-1])  # the cohort freezes; its evaluation task starts next
     await probe
     assert started_when_others_ran[0] < n, "every pass was started in one step"
     outcome = await first.waiter.wait()

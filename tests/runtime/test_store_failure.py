@@ -94,7 +94,7 @@ async def test_an_outcome_whose_write_fails_is_written_again_every_delay_until_s
 ) -> None:
     store = FlakyStore()
     rt = runtime_over(store, judge, clock)
-    calls = [asyncio.ensure_future(answer(rt.submit(sub(i)))) for i in range(3)]
+    calls = [asyncio.ensure_future(answer(rt.decide(sub(i)))) for i in range(3)]
     await settle()
     assert len(judge.calls) == 3  # circular: three passes
     store.outcome_failures = 4  # the outcome's write and the next three retries fail
@@ -107,7 +107,7 @@ async def test_an_outcome_whose_write_fails_is_written_again_every_delay_until_s
     failed_writes = len(store.attempts)
 
     # An identical resend meanwhile waits for the next retry, and shares its fate.
-    resend = asyncio.ensure_future(answer(rt.submit(sub(0))))
+    resend = asyncio.ensure_future(answer(rt.decide(sub(0))))
     await settle()
     assert not resend.done()
     for retry in range(3):
@@ -130,7 +130,7 @@ async def test_an_outcome_whose_write_fails_is_written_again_every_delay_until_s
     await settle()
     assert len(store.attempts) == failed_writes + 4
 
-    replays = [rt.submit(sub(i)) for i in range(3)]
+    replays = [rt.decide(sub(i)) for i in range(3)]
     assert all(t.disposition is Disposition.REPLAYED for t in replays)
     outcomes = [await answer(t) for t in replays]
     assert all(isinstance(o, Completed) for o in outcomes)
@@ -144,16 +144,16 @@ async def test_a_member_whose_write_fails_gets_store_unavailable_and_a_resend_is
 ) -> None:
     store = FlakyStore()
     rt = runtime_over(store, judge, clock)
-    first = asyncio.ensure_future(answer(rt.submit(sub(0))))
+    first = asyncio.ensure_future(answer(rt.decide(sub(0))))
     await settle()
     store.failures = 1
-    second = asyncio.ensure_future(answer(rt.submit(sub(1))))
+    second = asyncio.ensure_future(answer(rt.decide(sub(1))))
     await settle()
     assert second.done() and interrupted_by_store(second.result())
     assert not first.done()  # the other member's call goes on
     # The identical resend reattaches; it waits for a write after the failed one.
-    again = asyncio.ensure_future(answer(rt.submit(sub(1))))
-    last = asyncio.ensure_future(answer(rt.submit(sub(2))))
+    again = asyncio.ensure_future(answer(rt.decide(sub(1))))
+    last = asyncio.ensure_future(answer(rt.decide(sub(2))))
     await settle()
     judge.release_all()
     await settle()
@@ -171,7 +171,7 @@ async def test_retries_stop_when_the_runtime_is_closed(
 ) -> None:
     store = FlakyStore()
     rt = runtime_over(store, judge, clock)
-    calls = [asyncio.ensure_future(answer(rt.submit(sub(i)))) for i in range(3)]
+    calls = [asyncio.ensure_future(answer(rt.decide(sub(i)))) for i in range(3)]
     await settle()
     store.failures = 1_000
     judge.release_all()
@@ -213,7 +213,7 @@ async def test_a_cohort_is_judged_only_once_the_write_that_completed_it_is_store
 ) -> None:
     store = HeldStore()
     rt = runtime_over(store, judge, clock)
-    calls = [asyncio.ensure_future(answer(rt.submit(sub(k)))) for k in range(3)]
+    calls = [asyncio.ensure_future(answer(rt.decide(sub(k)))) for k in range(3)]
     await settle()
     # Complete in memory, but a restart would not see its members yet: no judge call.
     assert store.held and judge.calls == []
@@ -234,10 +234,10 @@ async def test_a_completing_member_whose_write_fails_is_written_again_before_jud
 ) -> None:
     store = FlakyStore()
     rt = runtime_over(store, judge, clock)
-    first = [asyncio.ensure_future(answer(rt.submit(sub(k)))) for k in range(2)]
+    first = [asyncio.ensure_future(answer(rt.decide(sub(k)))) for k in range(2)]
     await settle()
     store.failures = 2
-    last = asyncio.ensure_future(answer(rt.submit(sub(2))))
+    last = asyncio.ensure_future(answer(rt.decide(sub(2))))
     await settle()
     assert last.done() and interrupted_by_store(last.result())
     assert judge.calls == [] and not any(call.done() for call in first)

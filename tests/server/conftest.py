@@ -113,33 +113,20 @@ def call_error(exc: BaseException) -> ErrorDetails:
 
 
 class SubmitProbe:
-    """Counts submissions reaching the runtime so a test can await "the server has it".
-
-    It wraps both entry points: ``submit`` (decided at once, single process) and
-    ``submit_shared`` (awaited: a replica reads its group from the shared store first).
-    """
+    """Counts submissions reaching the runtime so a test can await "the server has it"."""
 
     def __init__(self, server: CohortServer) -> None:
         self.count = 0
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []
         runtime = server.runtime
         original = runtime.submit
-        original_shared = runtime.submit_shared
 
-        def submit(*args: Any, **kwargs: Any) -> Any:
-            ticket = original(*args, **kwargs)
-            self._reached()
-            return ticket
-
-        async def submit_shared(*args: Any, **kwargs: Any) -> Any:
-            ticket = await original_shared(*args, **kwargs)
-            if runtime.decides_locally:
-                return ticket  # counted by submit, which the engine's submit_shared calls
+        async def submit(*args: Any, **kwargs: Any) -> Any:
+            ticket = await original(*args, **kwargs)
             self._reached()
             return ticket
 
         runtime.submit = submit  # type: ignore[method-assign]
-        runtime.submit_shared = submit_shared  # type: ignore[method-assign]
 
     def _reached(self) -> None:
         self.count += 1

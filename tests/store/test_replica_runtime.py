@@ -60,7 +60,7 @@ async def replica(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterat
 
 async def _group(runtime: ReplicaRuntime, gid: str) -> list[object]:
     tickets = await asyncio.gather(
-        *(runtime.submit_shared(sub(k, gid=gid, size=SIZE, text=f"{gid}-{k}")) for k in range(SIZE))
+        *(runtime.submit(sub(k, gid=gid, size=SIZE, text=f"{gid}-{k}")) for k in range(SIZE))
     )
     return list(await asyncio.gather(*(t.waiter.wait() for t in tickets if t.waiter is not None)))
 
@@ -97,23 +97,23 @@ async def test_a_replica_never_answers_from_the_state_of_its_own_last_commit_onc
     another replica's write since then must never let it answer from that state."""
     one, two = await _runtime(redis_url), await _runtime(redis_url)
     try:
-        first = await one.submit_shared(sub(0, gid="g", size=SIZE, text="zero"))
+        first = await one.submit(sub(0, gid="g", size=SIZE, text="zero"))
         assert first.disposition is Disposition.ACCEPTED
         assert one.shared.stats.loads == 1
         # A second member on the same replica: decided on its cached state, no read.
-        second = await one.submit_shared(sub(1, gid="g", size=SIZE, text="one"))
+        second = await one.submit(sub(1, gid="g", size=SIZE, text="one"))
         assert second.disposition is Disposition.ACCEPTED
         assert one.shared.stats.loads == 1
         # Replica two opens attempt 1 of the group: attempt 0 is superseded.
-        newer = await two.submit_shared(sub(0, gid="g", attempt=1, size=SIZE, text="new"))
+        newer = await two.submit(sub(0, gid="g", attempt=1, size=SIZE, text="new"))
         assert newer.disposition is Disposition.ACCEPTED
         # The identical resend would be ATTACHED on replica one's cached state (no write,
         # hence no commit to refuse it): the version check makes it read the group.
-        resend = await one.submit_shared(sub(1, gid="g", size=SIZE, text="one"))
+        resend = await one.submit(sub(1, gid="g", size=SIZE, text="one"))
         assert resend.rejection is not None
         assert resend.rejection.reason is Reason.ATTEMPT_SUPERSEDED
         # A write decided on a stale state is refused by the commit and decided again.
-        fresh = await one.submit_shared(sub(1, gid="g", attempt=1, size=SIZE, text="b"))
+        fresh = await one.submit(sub(1, gid="g", attempt=1, size=SIZE, text="b"))
         assert fresh.disposition is Disposition.ACCEPTED
         assert one.shared.stats.loads >= 2
     finally:
