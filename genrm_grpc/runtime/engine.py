@@ -396,8 +396,12 @@ class CohortRuntime:
         """A registry that answers queries about ``key``'s group, and its ``now``."""
         return self.registry, self._clock.now()
 
-    def cancel_cohort(self, key: CohortKey, reason: str) -> bool:
-        """Fail an active cohort now (operator action); its judge tasks are cancelled."""
+    async def cancel_cohort(self, key: CohortKey, reason: str) -> bool:
+        """Fail an active cohort now (operator action); its judge tasks are cancelled.
+
+        False when ``key`` names no active cohort. Every waiter gets ``COHORT_FAILED``
+        with ``reason``, and so does a later member of the same attempt.
+        """
         live = self._live.get(key)
         if live is None:
             return False

@@ -473,8 +473,20 @@ class ReplicaRuntime(CohortRuntime):
             raise store_unavailable("this read", exc) from exc
         return self._scratch(state)
 
-    def cancel_cohort(self, key: CohortKey, reason: str) -> bool:
-        raise RuntimeError("cancelling a cohort of a shared store is not supported")
+    async def cancel_cohort(self, key: CohortKey, reason: str) -> bool:
+        """Fail an active cohort of the shared store, whichever replica holds its members
+        or evaluates it: the failure is committed like any end, and its fan-out fails
+        every replica's waiters and stops the judging where the lease is held."""
+
+        def event(reg: CohortRegistry, now: float) -> Decision | _Stale:
+            cohort = reg.active(key)
+            return _STALE if cohort is None else reg.fail(cohort, reason, now)
+
+        try:
+            return not isinstance(await self._apply(key, event), _Stale)
+        except StoreError as exc:
+            self._store_failed()
+            raise store_unavailable("this cancellation", exc) from exc
 
     # ------------------------------------------------------------------ outcomes
     def _end_here(self, key: CohortKey, tomb: Tombstone) -> None:

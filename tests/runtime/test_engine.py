@@ -224,7 +224,7 @@ async def test_a_different_response_racing_an_identical_one_for_a_slot(
         else:
             rejected(ticket, Reason.SLOT_CONFLICT)
     assert rt.stats()["waiters"] == 2
-    assert rt.cancel_cohort(cohort.key, "test over")
+    assert await rt.cancel_cohort(cohort.key, "test over")
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
@@ -290,11 +290,11 @@ async def test_cancel_cohort_during_evaluation_fails_waiters_and_cancels_judging
     judge.calls[0].release()
     await settle()
 
-    assert rt.cancel_cohort(cohort.key, "cancelled by the operator")
+    assert await rt.cancel_cohort(cohort.key, "cancelled by the operator")
     for ticket in tickets:
         outcome = outcome_now(ticket)
         assert isinstance(outcome, Failed) and outcome.reason == "cancelled by the operator"
-    assert not rt.cancel_cohort(cohort.key, "again")
+    assert not await rt.cancel_cohort(cohort.key, "again")
     await rt.drain_tasks()
     assert [c.state for c in judge.calls] == ["done", "cancelled", "cancelled"]
     message = rejected(rt.decide(sub(2)), Reason.COHORT_FAILED)
@@ -305,7 +305,7 @@ async def test_cancel_cohort_during_evaluation_fails_waiters_and_cancels_judging
 
 async def test_cancel_cohort_of_an_unknown_key_is_false(clock: ManualClock) -> None:
     rt = make_runtime(ScriptedJudge(), clock)
-    assert not rt.cancel_cohort(CohortKey("nope", None, 0), "x")
+    assert not await rt.cancel_cohort(CohortKey("nope", None, 0), "x")
     await assert_no_leaks(rt)
 
 

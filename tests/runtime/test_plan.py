@@ -68,8 +68,8 @@ async def test_one_member_of_a_huge_declared_group_costs_memory_for_itself_only(
     assert ticket.waiter is not None
     assert held < 32 * 1024, f"one member of a 4096 group holds {held} bytes"
     assert judge.calls == []
-    rt.cancel_cohort(member.key, "test over")
-    rt.cancel_cohort(first.key, "test over")
+    await rt.cancel_cohort(member.key, "test over")
+    await rt.cancel_cohort(first.key, "test over")
     await assert_no_leaks(rt, judge=judge)
 
 

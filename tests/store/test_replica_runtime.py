@@ -120,3 +120,49 @@ async def test_a_replica_never_answers_from_the_state_of_its_own_last_commit_onc
         for runtime in (one, two):
             await runtime.shutdown(0)
             await runtime.close()
+
+
+class HangingJudge:
+    """Never answers; counts the calls it got and those cancelled while waiting."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.cancelled = 0
+        self.called = asyncio.Event()
+
+    async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome:
+        self.calls += 1
+        self.called.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_a_cohort_cancelled_on_another_replica_fails_its_waiters_and_stops_the_judging(
+    redis_url: str,
+) -> None:
+    judge = HangingJudge()
+    one, two = await _runtime(redis_url, judge), await _runtime(redis_url)  # type: ignore[arg-type]
+    try:
+        size = 2
+        tickets = [await one.submit(sub(k, gid="c", size=size, text=f"c-{k}")) for k in range(size)]
+        waits = [asyncio.ensure_future(t.waiter.wait()) for t in tickets if t.waiter is not None]
+        await asyncio.wait_for(judge.called.wait(), 30)  # replica one evaluates the cohort
+        key = sub(0, gid="c", size=size, text="c-0").key
+        assert await two.cancel_cohort(key, "stopped by ops")
+        outcomes = await asyncio.wait_for(asyncio.gather(*waits), 30)
+        assert all(isinstance(o, Failed) and o.reason == "stopped by ops" for o in outcomes)
+        await asyncio.wait_for(one.drain_tasks(), 30)
+        assert judge.cancelled == judge.calls > 0
+        assert one.stats()["evaluating_here"] == 0
+        late = await two.submit(sub(0, gid="c", size=size, text="c-0"))
+        assert late.rejection is not None and late.rejection.reason is Reason.COHORT_FAILED
+        assert "stopped by ops" in late.rejection.message
+        assert not await two.cancel_cohort(key, "again")
+    finally:
+        for runtime in (one, two):
+            await runtime.shutdown(0)
+            await runtime.close()
