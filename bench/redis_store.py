@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis.asyncio as aioredis
 
 from bench.store import NOW, _active, _retained, member_queue, persist_one_by_one
-from genrm_grpc.store.records import VerdictRecord
+from genrm_grpc.cohort.records import VerdictRecord
 from genrm_grpc.store.redis import RedisStore
 from genrm_grpc.testing.redis_server import RedisServer
 

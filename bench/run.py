@@ -65,9 +65,9 @@ from genrm_grpc.cohort.model import (
     Submission,
     Tombstone,
 )
+from genrm_grpc.cohort.records import CohortStore
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition
 from genrm_grpc.config import Settings
-from genrm_grpc.store.base import CohortStore
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 

@@ -24,13 +24,12 @@ from genrm_grpc.cohort.model import (
     Completed,
     MemberCoords,
     MemberReward,
+    Phase,
     PromptSpec,
     Tombstone,
     comparisons_of,
 )
-from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
-from genrm_grpc.store.durable import DurableStore
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.records import (
     CohortRecord,
     MemberRecord,
     Record,
@@ -38,6 +37,8 @@ from genrm_grpc.store.records import (
     VerdictRecord,
     WatermarkRecord,
 )
+from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, Verdict
+from genrm_grpc.store.durable import DurableStore
 from genrm_grpc.store.sqlite import SqliteStore
 
 GROUP = 16
@@ -92,7 +93,7 @@ def _active(m: int, now: float = NOW) -> list[Record]:
     records: list[Record] = []
     for c in range(m):
         key = CohortKey(f"active-{c}", None, 0)
-        records.append(CohortRecord(key, c, GROUP, PROMPT, "pd", "collecting", now, now + 1800))
+        records.append(CohortRecord(key, c, GROUP, PROMPT, "pd", Phase.COLLECTING, now, now + 1800))
         records.extend(
             MemberRecord(key, MemberCoords(k, key.group_id, 0), _digest(k), ANSWER)
             for k in range(GROUP)

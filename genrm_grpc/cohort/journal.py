@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterable, Mapping
 
 from genrm_grpc.cohort.model import CohortKey
-from genrm_grpc.store.records import VerdictRecord
+from genrm_grpc.cohort.records import VerdictRecord
 
 _PassKey = tuple[CohortKey, int, int, int]
 _ContentKey = tuple[str, str, str, str, int, bool]

@@ -43,9 +43,9 @@ from genrm_grpc.cohort.model import (
     reward_problem,
 )
 from genrm_grpc.cohort.phases import Event, transition
-from genrm_grpc.store.base import CohortStore
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.records import (
     CohortRecord,
+    CohortStore,
     DropCohort,
     DropTombstone,
     DropWatermark,
@@ -115,7 +115,7 @@ class CohortRegistry:
     """Owns every active cohort and decides what each event means.
 
     Each event returns a decision that carries everything the runtime must do: the
-    cohorts to publish, and the records (see ``genrm_grpc.store.records``) that make
+    cohorts to publish, and the records (see ``genrm_grpc.cohort.records``) that make
     the change durable, which the runtime persists before it answers anyone who
     depends on them. Record times are wall-clock: ``wall_offset`` (wall minus the
     ``now`` the caller passes) is set by the runtime.
@@ -351,7 +351,7 @@ class CohortRegistry:
                 members=members,
                 follows_attempt=head.follows_attempt,
             )
-            if head.phase == Phase.EVALUATING.value and cohort.full:
+            if head.phase is Phase.EVALUATING and cohort.full:
                 cohort.phase = Phase.EVALUATING
                 cohort.snapshot = tuple(members[i] for i in range(cohort.group_size))
                 deadline = head.evaluation_deadline
@@ -462,7 +462,7 @@ class CohortRegistry:
             group_size=cohort.group_size,
             prompt=cohort.prompt,
             prompt_digest=cohort.prompt_digest,
-            phase=cohort.phase.value,
+            phase=cohort.phase,
             created_at=cohort.created_at + offset,
             collection_deadline=cohort.collection_deadline + offset,
             evaluation_deadline=None if deadline is None else deadline + offset,

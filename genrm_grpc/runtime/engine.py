@@ -43,6 +43,7 @@ from genrm_grpc.cohort.model import (
     reward_problem,
 )
 from genrm_grpc.cohort.quota import admits
+from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record, VerdictRecord
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
 from genrm_grpc.judge.client import (
     JudgeFailedError,
@@ -58,13 +59,7 @@ from genrm_grpc.runtime.scheduler import PrioritySemaphore
 from genrm_grpc.scoring import aggregate
 from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringView
 from genrm_grpc.store.durable import DurableStore, MemoryDurable
-from genrm_grpc.store.records import (
-    CohortRecord,
-    MemberRecord,
-    Record,
-    StoreError,
-    VerdictRecord,
-)
+from genrm_grpc.store.records import StoreError
 
 log = logging.getLogger(__name__)
 

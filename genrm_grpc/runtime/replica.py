@@ -55,6 +55,7 @@ from genrm_grpc.cohort.model import (
     Submission,
     Tombstone,
 )
+from genrm_grpc.cohort.records import CohortRecord, Record, Recovered
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.observability.hooks import RuntimeObserver
@@ -77,7 +78,7 @@ from genrm_grpc.runtime.engine import (
 )
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.memory import MemoryStore, StoreView
-from genrm_grpc.store.records import CohortRecord, Record, Recovered, StoreError
+from genrm_grpc.store.records import StoreError
 from genrm_grpc.store.shared import GroupState, SharedGroups
 
 log = logging.getLogger(__name__)
@@ -560,7 +561,7 @@ class ReplicaRuntime(CohortRuntime):
         keeper: asyncio.Task[None] | None = None
         try:
             entry, verdicts = await self.shared.load_evaluation(key)
-            if entry is None or entry.header.phase != Phase.EVALUATING.value:
+            if entry is None or entry.header.phase is not Phase.EVALUATING:
                 await self._hand_off(key, lease)
                 if entry is None:
                     await self.shared.forget(key)

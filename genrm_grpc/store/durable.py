@@ -17,7 +17,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from genrm_grpc.cohort.journal import VerdictJournal
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.records import (
     DropCohort,
     DropTombstone,
     Record,

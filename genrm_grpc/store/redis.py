@@ -89,9 +89,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from genrm_grpc.cohort.model import CohortKey, MemberCoords, PromptSpec, Tombstone
-from genrm_grpc.scoring.types import AnswerTexts, Verdict
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.model import CohortKey, MemberCoords, Phase, PromptSpec, Tombstone
+from genrm_grpc.cohort.records import (
     CohortRecord,
     DropCohort,
     DropTombstone,
@@ -100,14 +99,12 @@ from genrm_grpc.store.records import (
     Record,
     Recovered,
     RecoveredCohort,
-    StoreError,
-    StoreSchemaError,
     TombstoneRecord,
     VerdictRecord,
     WatermarkRecord,
-    decode_prompt,
-    keep_recent,
 )
+from genrm_grpc.scoring.types import AnswerTexts, Verdict
+from genrm_grpc.store.records import StoreError, StoreSchemaError, decode_prompt, keep_recent
 
 if TYPE_CHECKING:
     from genrm_grpc.store.lease import Lease
@@ -743,7 +740,7 @@ class RedisStore:
                     record.group_size,
                     _prompt_json(record.prompt),
                     record.prompt_digest,
-                    record.phase,
+                    record.phase.value,
                     record.created_at,
                     record.collection_deadline,
                     record.evaluation_deadline,
@@ -871,7 +868,7 @@ def decode_header(key: CohortKey, raw: bytes | str) -> CohortRecord:
         group_size=size,
         prompt=decode_prompt(json.dumps(prompt)),
         prompt_digest=digest,
-        phase=phase,
+        phase=Phase(phase),
         created_at=created,
         collection_deadline=collection,
         evaluation_deadline=evaluation,

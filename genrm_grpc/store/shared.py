@@ -64,21 +64,20 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from genrm_grpc.cohort.model import CohortKey, MemberCoords, Tombstone
-from genrm_grpc.scoring.types import AnswerTexts
-from genrm_grpc.store.lease import Lease
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.model import CohortKey, MemberCoords, Phase, Tombstone
+from genrm_grpc.cohort.records import (
     CohortRecord,
     DropCohort,
     MemberRecord,
     Record,
     Recovered,
     RecoveredCohort,
-    StoreError,
     TombstoneRecord,
     VerdictRecord,
-    keep_recent,
 )
+from genrm_grpc.scoring.types import AnswerTexts
+from genrm_grpc.store.lease import Lease
+from genrm_grpc.store.records import StoreError, keep_recent
 from genrm_grpc.store.redis import (
     _OPS,
     RedisStartupError,
@@ -473,7 +472,7 @@ class SharedGroups:
                 member = _key_text(record.key)
                 deadline = (
                     record.evaluation_deadline
-                    if record.phase == "evaluating" and record.evaluation_deadline is not None
+                    if record.phase is Phase.EVALUATING and record.evaluation_deadline is not None
                     else record.collection_deadline
                 )
                 names.append(self._deadlines)

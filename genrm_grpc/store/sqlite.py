@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from genrm_grpc.cohort.model import CohortKey, Tombstone
-from genrm_grpc.scoring.types import AnswerTexts, Verdict
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.model import CohortKey, Phase, Tombstone
+from genrm_grpc.cohort.records import (
     CohortRecord,
     DropCohort,
     DropTombstone,
@@ -39,11 +38,14 @@ from genrm_grpc.store.records import (
     Record,
     Recovered,
     RecoveredCohort,
-    StoreError,
-    StoreSchemaError,
     TombstoneRecord,
     VerdictRecord,
     WatermarkRecord,
+)
+from genrm_grpc.scoring.types import AnswerTexts, Verdict
+from genrm_grpc.store.records import (
+    StoreError,
+    StoreSchemaError,
     decode_coords,
     decode_key,
     decode_prompt,
@@ -460,7 +462,7 @@ def _apply(conn: sqlite3.Connection, record: Record) -> None:
                 record.group_size,
                 encode_prompt(record.prompt),
                 record.prompt_digest,
-                record.phase,
+                record.phase.value,
                 record.created_at,
                 record.collection_deadline,
                 record.evaluation_deadline,
@@ -537,7 +539,7 @@ def _load(conn: sqlite3.Connection, now_wall: float) -> Recovered:
                 group_size=size,
                 prompt=decode_prompt(prompt),
                 prompt_digest=digest,
-                phase=phase,
+                phase=Phase(phase),
                 created_at=created,
                 collection_deadline=collection,
                 evaluation_deadline=evaluation,

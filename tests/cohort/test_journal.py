@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from genrm_grpc.cohort.journal import VerdictJournal, judge_context
 from genrm_grpc.cohort.model import CohortKey
+from genrm_grpc.cohort.records import VerdictRecord
 from genrm_grpc.scoring.types import Verdict
-from genrm_grpc.store.records import VerdictRecord
 
 A1 = CohortKey("g", None, 1)
 A2 = CohortKey("g", None, 2)

@@ -12,8 +12,7 @@ import pytest
 
 from genrm_grpc.cohort.model import Completed, Masked, Phase, Tombstone
 from genrm_grpc.cohort.phases import TRANSITIONS, Event, IllegalTransition, transition
-from genrm_grpc.cohort.registry import Disposition
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.records import (
     CohortRecord,
     DropCohort,
     DropTombstone,
@@ -23,6 +22,7 @@ from genrm_grpc.store.records import (
     TombstoneRecord,
     WatermarkRecord,
 )
+from genrm_grpc.cohort.registry import Disposition
 from tests.cohort.support import COLLECTION_S, EVALUATION_S, T0, completed, registry, sub
 
 WALL = 1_700_000_000.0  # the wall clock at T0
@@ -50,14 +50,14 @@ def test_members_and_the_filled_header_are_records_with_wall_clock_deadlines() -
     assert kinds == [WatermarkRecord, CohortRecord, MemberRecord]
     header = first.records[1]
     assert isinstance(header, CohortRecord)
-    assert header.phase == "collecting"
+    assert header.phase is Phase.COLLECTING
     assert header.collection_deadline == WALL + COLLECTION_S
     assert reg.submit(sub(0), T0 + 1).records == []  # an identical resend changes nothing
     reg.submit(sub(1), T0 + 1)
     last = reg.submit(sub(2), T0 + 2)
     assert last.frozen
     filled = [r for r in last.records if isinstance(r, CohortRecord)]
-    assert len(filled) == 1 and filled[0].phase == "evaluating"
+    assert len(filled) == 1 and filled[0].phase is Phase.EVALUATING
     assert filled[0].evaluation_deadline == WALL + 2 + EVALUATION_S
 
 

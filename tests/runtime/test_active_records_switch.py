@@ -10,12 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from genrm_grpc.cohort.registry import CohortRegistry
-from genrm_grpc.config import Settings
-from genrm_grpc.runtime.engine import CohortRuntime
-from genrm_grpc.store.durable import MemoryDurable
-from genrm_grpc.store.memory import MemoryStore
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.records import (
     CohortRecord,
     DropCohort,
     MemberRecord,
@@ -23,6 +18,11 @@ from genrm_grpc.store.records import (
     TombstoneRecord,
     WatermarkRecord,
 )
+from genrm_grpc.cohort.registry import CohortRegistry
+from genrm_grpc.config import Settings
+from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.store.durable import MemoryDurable
+from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import ManualClock
 from tests.cohort.support import T0, completed, registry

@@ -46,13 +46,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from genrm_grpc.cohort.model import Completed, Failed, Masked, Outcome, Reason, Submission
+from genrm_grpc.cohort.records import Record
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput
 from genrm_grpc.runtime.engine import REWRITE_DELAY_S, CallInterrupted, CohortRuntime
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.store.memory import MemoryStore
-from genrm_grpc.store.records import Record, StoreError, decode_key
+from genrm_grpc.store.records import StoreError, decode_key
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import ManualClock
 

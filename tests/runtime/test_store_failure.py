@@ -11,19 +11,19 @@ import asyncio
 from collections.abc import Sequence
 
 from genrm_grpc.cohort.model import Completed, Reason
-from genrm_grpc.cohort.registry import CohortRegistry, Disposition
-from genrm_grpc.runtime.engine import REWRITE_DELAY_S, CallInterrupted, CohortRuntime, Ticket
-from genrm_grpc.store.memory import MemoryStore
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.records import (
     DropCohort,
     MemberRecord,
     Record,
     Recovered,
-    StoreError,
     TombstoneRecord,
     VerdictRecord,
     WatermarkRecord,
 )
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition
+from genrm_grpc.runtime.engine import REWRITE_DELAY_S, CallInterrupted, CohortRuntime, Ticket
+from genrm_grpc.store.memory import MemoryStore
+from genrm_grpc.store.records import StoreError
 from genrm_grpc.testing import ManualClock
 
 from .support import ScriptedJudge, make_runtime, settle, sub

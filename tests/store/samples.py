@@ -11,8 +11,8 @@ from genrm_grpc.cohort.model import (
     PromptSpec,
     Tombstone,
 )
+from genrm_grpc.cohort.records import VerdictRecord
 from genrm_grpc.scoring.types import JudgedPair, Verdict
-from genrm_grpc.store.records import VerdictRecord
 
 NOW = 1_800_000_000.0
 PROMPT = PromptSpec((("user", "What is 2+2?"), ("assistant", "hm")), "be right", None)

@@ -9,15 +9,10 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from genrm_grpc.cohort.model import CohortKey, MemberCoords
+from genrm_grpc.cohort.model import CohortKey, MemberCoords, Phase
+from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record, WatermarkRecord
 from genrm_grpc.scoring.types import AnswerTexts
-from genrm_grpc.store.records import (
-    CohortRecord,
-    MemberRecord,
-    Record,
-    StoreError,
-    WatermarkRecord,
-)
+from genrm_grpc.store.records import StoreError
 from genrm_grpc.store.redis import LeaseLostError, RedisStore
 from genrm_grpc.store.shared import SharedGroups
 from tests.store.samples import NOW, PROMPT, digest, scope_of, verdict_record
@@ -28,7 +23,7 @@ KEY = CohortKey("job-42/prompt-7", None, 0, "alice")
 def decision(key: CohortKey, slot: int) -> list[Record]:
     """What one accepted member writes: the header, the member, the watermark."""
     return [
-        CohortRecord(key, 1, 4, PROMPT, "pd", "collecting", NOW, NOW + 60),
+        CohortRecord(key, 1, 4, PROMPT, "pd", Phase.COLLECTING, NOW, NOW + 60),
         MemberRecord(key, MemberCoords(slot), digest(slot), AnswerTexts("", f"a{slot}")),
         WatermarkRecord(scope_of(key), key.attempt, NOW + 60),
     ]

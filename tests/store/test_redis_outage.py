@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from genrm_grpc.cohort.model import CohortKey, MemberCoords
+from genrm_grpc.cohort.model import CohortKey, MemberCoords, Phase
+from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record, WatermarkRecord
 from genrm_grpc.scoring.types import AnswerTexts
-from genrm_grpc.store.records import CohortRecord, MemberRecord, Record, WatermarkRecord
 from genrm_grpc.store.redis import RedisStore, RedisUnavailableError
 from tests.redis_support import RedisServer
 from tests.store.samples import CTX, KEY, NOW, PROMPT, digest, scope_of, verdict_record
@@ -19,7 +19,7 @@ Factory = Callable[..., RedisServer]
 
 def cohort(key: CohortKey, members: int = 16) -> list[Record]:
     records: list[Record] = [
-        CohortRecord(key, 1, members, PROMPT, "pd", "collecting", NOW, NOW + 60)
+        CohortRecord(key, 1, members, PROMPT, "pd", Phase.COLLECTING, NOW, NOW + 60)
     ]
     records.extend(
         MemberRecord(key, MemberCoords(k), digest(k), AnswerTexts("", f"answer {k}"))

@@ -8,7 +8,7 @@ import time
 import redis
 
 from genrm_grpc.cohort.model import CohortKey, Failed
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.records import (
     DropTombstone,
     DropWatermark,
     Record,

@@ -11,18 +11,17 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from genrm_grpc.cohort.model import CohortKey, Failed, MemberCoords
-from genrm_grpc.scoring.types import AnswerTexts
-from genrm_grpc.store.durable import store_from_url, validate_store_url
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.model import CohortKey, Failed, MemberCoords, Phase
+from genrm_grpc.cohort.records import (
     CohortRecord,
     MemberRecord,
     Record,
-    StoreError,
-    StoreSchemaError,
     TombstoneRecord,
     WatermarkRecord,
 )
+from genrm_grpc.scoring.types import AnswerTexts
+from genrm_grpc.store.durable import store_from_url, validate_store_url
+from genrm_grpc.store.records import StoreError, StoreSchemaError
 from genrm_grpc.store.redis import RedisStartupError, RedisStore
 from tests.redis_support import RedisServer, free_port
 from tests.store.samples import KEY, NOW, PROMPT, digest, tombstone, verdict_record
@@ -30,7 +29,7 @@ from tests.store.samples import KEY, NOW, PROMPT, digest, tombstone, verdict_rec
 
 def cohort_records(key: CohortKey, members: int = 16) -> list[Record]:
     records: list[Record] = [
-        CohortRecord(key, 1, members, PROMPT, "pd", "collecting", NOW, NOW + 1800)
+        CohortRecord(key, 1, members, PROMPT, "pd", Phase.COLLECTING, NOW, NOW + 1800)
     ]
     records.extend(
         MemberRecord(key, MemberCoords(k), digest(k), AnswerTexts("r", f"answer {k}"))

@@ -11,7 +11,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
-from genrm_grpc.cohort.model import CohortKey, Masked, Tombstone
+from genrm_grpc.cohort.model import CohortKey, Masked, Phase, Tombstone
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition
 from genrm_grpc.config import Settings
 from genrm_grpc.store.memory import MemoryStore
@@ -103,7 +103,7 @@ async def test_an_evaluation_result_under_a_lost_lease_is_refused(redis_url: str
         assert late.lease_lost and not late.written
         assert await one.renew(key, lease) is None
         # The group is unchanged: still evaluating, under replica two's lease.
-        assert (await two.load(key)).recovered.cohorts[0].header.phase == "evaluating"
+        assert (await two.load(key)).recovered.cohorts[0].header.phase is Phase.EVALUATING
 
 
 async def test_an_ended_cohort_leaves_its_outcome_for_other_replicas_and_a_message(

@@ -19,16 +19,10 @@ from pathlib import Path
 import pytest
 
 from genrm_grpc.cohort.model import CohortKey, Failed, MemberCoords
+from genrm_grpc.cohort.records import DropTombstone, MemberRecord, WatermarkRecord
 from genrm_grpc.scoring.types import AnswerTexts
 from genrm_grpc.store.durable import MemoryDurable, store_from_url, validate_store_url
-from genrm_grpc.store.records import (
-    DropTombstone,
-    MemberRecord,
-    StoreError,
-    StoreSchemaError,
-    WatermarkRecord,
-    encode_key,
-)
+from genrm_grpc.store.records import StoreError, StoreSchemaError, encode_key
 from genrm_grpc.store.sqlite import SCHEMA_VERSION, SqliteStore
 from tests.store.samples import CTX, KEY, NOW, digest, scope_of, verdict_record
 
@@ -150,7 +144,7 @@ async def test_a_file_that_is_not_a_database_refuses_to_open(tmp_path: Path) -> 
 _KILLED_WRITER = textwrap.dedent(
     """
     import asyncio, os, signal, sys
-    from genrm_grpc.store.records import WatermarkRecord
+    from genrm_grpc.cohort.records import WatermarkRecord
     from genrm_grpc.store.sqlite import SqliteStore
 
     async def main():

@@ -12,19 +12,27 @@ from pathlib import Path
 
 import pytest
 
-from genrm_grpc.cohort.model import CohortKey, Completed, Failed, Masked, MemberCoords, MemberReward
-from genrm_grpc.scoring.types import AnswerTexts
-from genrm_grpc.store.durable import DurableStore
-from genrm_grpc.store.records import (
+from genrm_grpc.cohort.model import (
+    CohortKey,
+    Completed,
+    Failed,
+    Masked,
+    MemberCoords,
+    MemberReward,
+    Phase,
+)
+from genrm_grpc.cohort.records import (
     CohortRecord,
     DropCohort,
     DropTombstone,
     DropWatermark,
     MemberRecord,
-    StoreError,
     TombstoneRecord,
     WatermarkRecord,
 )
+from genrm_grpc.scoring.types import AnswerTexts
+from genrm_grpc.store.durable import DurableStore
+from genrm_grpc.store.records import StoreError
 from genrm_grpc.store.redis import RedisStore
 from genrm_grpc.store.sqlite import SqliteStore
 from tests.store.samples import (
@@ -61,7 +69,7 @@ async def reopened(make_store: MakeStore) -> tuple[DurableStore, object]:
 async def test_every_record_kind_survives_closing_and_reopening(make_store: MakeStore) -> None:
     store = make_store()
     assert (await store.open(NOW)).cohorts == ()
-    header = CohortRecord(KEY, 3, 2, PROMPT, "pd", "collecting", NOW, NOW + 1800)
+    header = CohortRecord(KEY, 3, 2, PROMPT, "pd", Phase.COLLECTING, NOW, NOW + 1800)
     member = MemberRecord(
         KEY, MemberCoords(1, "group-a", 1, None, None, 2), digest(2), AnswerTexts("why", "4")
     )
@@ -107,7 +115,7 @@ async def test_active_cohorts_come_back_in_order_with_their_members_in_slot_orde
     await store.open(NOW)
     keys = [CohortKey(f"g{n}", None, 0, "alice") for n in range(3)]
     headers = [
-        CohortRecord(key, seq, 3, PROMPT, "pd", "evaluating", NOW, NOW + 5, NOW + 60)
+        CohortRecord(key, seq, 3, PROMPT, "pd", Phase.EVALUATING, NOW, NOW + 5, NOW + 60)
         for key, seq in zip(keys, (7, 2, 5), strict=True)
     ]
     members = [
@@ -175,7 +183,7 @@ async def test_drops_remove_records_and_the_verdicts_that_belong_to_them(
 ) -> None:
     store, _ = await reopened(make_store)
     other = CohortKey("group-b", None, 0)
-    header = CohortRecord(KEY, 1, 2, PROMPT, "pd", "evaluating", NOW, NOW + 5, NOW + 60)
+    header = CohortRecord(KEY, 1, 2, PROMPT, "pd", Phase.EVALUATING, NOW, NOW + 5, NOW + 60)
     await store.persist(
         [
             header,
