@@ -3,10 +3,13 @@
 Every change of a cohort's phase goes through :func:`transition`; a pair that is not in
 the table is a bug in the caller and raises :class:`IllegalTransition` instead of
 leaving a cohort in a phase no rule expects (a published cohort that starts judging, an
-evaluating cohort that takes a member).
+evaluating cohort that takes a member). Every "may this happen now?" question (a late
+timer, a stale judge result, a member for a closed cohort) is :func:`allows` on the
+same table.
 
 ::
 
+    COLLECTING --JOINED--------------------------> COLLECTING
     COLLECTING --FILLED--------------------------> EVALUATING
     COLLECTING --COLLECTION_EXPIRED|SUPERSEDED|CANCELLED--> FAILED
     EVALUATING --JUDGED|JUDGE_FAILED|EVALUATION_EXPIRED----> COMPLETED
@@ -27,7 +30,8 @@ from genrm_grpc.cohort.model import Phase
 class Event(enum.Enum):
     """What can happen to a cohort."""
 
-    FILLED = "filled"  # its last missing member arrived
+    JOINED = "joined"  # a member arrived and others are still missing
+    FILLED = "filled"  # its last missing member arrived (also: restored as filled)
     COLLECTION_EXPIRED = "collection_expired"
     SUPERSEDED = "superseded"  # a newer attempt of its group arrived
     CANCELLED = "cancelled"  # operator action or shutdown without a durable store
@@ -40,6 +44,7 @@ class Event(enum.Enum):
 _C, _E = Phase.COLLECTING, Phase.EVALUATING
 
 TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
+    (_C, Event.JOINED): _C,
     (_C, Event.FILLED): _E,
     (_C, Event.COLLECTION_EXPIRED): Phase.FAILED,
     (_C, Event.SUPERSEDED): Phase.FAILED,

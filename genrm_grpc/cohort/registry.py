@@ -42,7 +42,7 @@ from genrm_grpc.cohort.model import (
     group_scope,
     reward_problem,
 )
-from genrm_grpc.cohort.phases import Event, transition
+from genrm_grpc.cohort.phases import Event, allows, transition
 from genrm_grpc.cohort.records import (
     CohortRecord,
     CohortStore,
@@ -109,6 +109,18 @@ class Ended(list[Cohort]):
     def __init__(self, cohorts: list[Cohort], records: list[Record]) -> None:
         super().__init__(cohorts)
         self.records = records
+
+
+def fill(cohort: Cohort, evaluation_deadline: float | None) -> None:
+    """The cohort has every member: it is frozen as it is and evaluated next.
+
+    The one place a cohort enters EVALUATING (a last member, a restored header that was
+    filled before the restart, a Compare call's ready-made group), through the table.
+    A Compare group has no evaluation deadline (None): its call's own deadline bounds it.
+    """
+    cohort.phase = transition(cohort.phase, Event.FILLED)
+    cohort.snapshot = tuple(cohort.members[i] for i in range(cohort.group_size))
+    cohort.evaluation_deadline = evaluation_deadline
 
 
 class CohortRegistry:
@@ -228,7 +240,7 @@ class CohortRegistry:
         cohort = self._active.get(key)
         if (
             cohort is not None
-            and cohort.phase is Phase.COLLECTING
+            and allows(cohort.phase, Event.COLLECTION_EXPIRED)
             and now >= cohort.collection_deadline
         ):
             # The deadline has passed but its timer has not run yet: it wins, exactly once.
@@ -244,7 +256,7 @@ class CohortRegistry:
 
     def collection_deadline(self, cohort: Cohort, now: float) -> Ended | None:
         """The collection timer fired: the cohort fails (late timers change nothing)."""
-        if cohort.phase is not Phase.COLLECTING or now < cohort.collection_deadline:
+        if not allows(cohort.phase, Event.COLLECTION_EXPIRED) or now < cohort.collection_deadline:
             return None
         self._end(cohort, Event.COLLECTION_EXPIRED, self._collection_expired(cohort), now)
         return self._ended(cohort)
@@ -252,7 +264,7 @@ class CohortRegistry:
     def evaluation_deadline(self, cohort: Cohort, now: float) -> Ended | None:
         """The evaluation timer fired: the judge did not finish in time → masked result."""
         if (
-            cohort.phase is not Phase.EVALUATING
+            not allows(cohort.phase, Event.EVALUATION_EXPIRED)
             or cohort.evaluation_deadline is None
             or now < cohort.evaluation_deadline
         ):
@@ -352,13 +364,13 @@ class CohortRegistry:
                 follows_attempt=head.follows_attempt,
             )
             if head.phase is Phase.EVALUATING and cohort.full:
-                cohort.phase = Phase.EVALUATING
-                cohort.snapshot = tuple(members[i] for i in range(cohort.group_size))
+                # Filled before the restart: the same transition, at the stored deadline.
                 deadline = head.evaluation_deadline
-                cohort.evaluation_deadline = (
+                fill(
+                    cohort,
                     now + self.config.cohort_evaluation_timeout_s
                     if deadline is None
-                    else deadline - offset
+                    else deadline - offset,
                 )
             self._seq = max(self._seq, head.seq)
             self._index(cohort)
@@ -377,7 +389,7 @@ class CohortRegistry:
             if member.candidate.digest == sub.candidate.digest:
                 return SubmitDecision(Disposition.ATTACHED, cohort=cohort)
             return self._slot_conflict(sub)
-        if cohort.phase is not Phase.COLLECTING:
+        if not allows(cohort.phase, Event.JOINED):
             return self._closed(sub, cohort.phase)
         if self._draining:
             return self._shutting_down(sub)
@@ -444,10 +456,10 @@ class CohortRegistry:
         if journal:
             self._outbox.append(_member_record(cohort.key, member))
         frozen = False
-        if cohort.full:
-            cohort.phase = transition(cohort.phase, Event.FILLED)
-            cohort.snapshot = tuple(cohort.members[i] for i in range(cohort.group_size))
-            cohort.evaluation_deadline = now + self.config.cohort_evaluation_timeout_s
+        if not cohort.full:
+            cohort.phase = transition(cohort.phase, Event.JOINED)
+        else:
+            fill(cohort, now + self.config.cohort_evaluation_timeout_s)
             if journal:
                 self._outbox.append(self._header(cohort))
             frozen = True
@@ -514,7 +526,7 @@ class CohortRegistry:
             self._outbox.append(DropWatermark(key))
 
     def _waits_for_judge(self, cohort: Cohort) -> bool:
-        return cohort.phase is Phase.EVALUATING and self._active.get(cohort.key) is cohort
+        return allows(cohort.phase, Event.JUDGED) and self._active.get(cohort.key) is cohort
 
     def _supersede(self, key: CohortKey, now: float) -> list[Cohort]:
         group_id, attempt = key.group_id, key.attempt

@@ -44,7 +44,7 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.quota import admits
 from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record, VerdictRecord
-from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision, fill
 from genrm_grpc.judge.client import (
     JudgeFailedError,
     JudgeInput,
@@ -518,9 +518,8 @@ class CohortRuntime:
             created_at=self._clock.now(),
             collection_deadline=math.inf,
             members={k: Member(MemberCoords(rollout_index=k), c) for k, c in enumerate(candidates)},
-            phase=Phase.EVALUATING,
         )
-        cohort.snapshot = tuple(cohort.members[k] for k in range(n))
+        fill(cohort, None)  # every member at once
         live = _Live(cohort=cohort, priority=self._ready_seq, spread=True)
         # Counted as an evaluation so that shutdown grants it the same grace.
         self._evaluating += 1

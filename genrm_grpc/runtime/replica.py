@@ -55,6 +55,8 @@ from genrm_grpc.cohort.model import (
     Submission,
     Tombstone,
 )
+from genrm_grpc.cohort.phases import Event as PhaseEvent
+from genrm_grpc.cohort.phases import allows
 from genrm_grpc.cohort.records import CohortRecord, Record, Recovered
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
 from genrm_grpc.judge.client import JudgeFailedError
@@ -567,7 +569,7 @@ class ReplicaRuntime(CohortRuntime):
                     await self.shared.forget(key)
                 return
             (cohort,) = self._group_registry().restore(Recovered(cohorts=(entry,)), time.time())
-            if cohort.phase is not Phase.EVALUATING:
+            if not allows(cohort.phase, PhaseEvent.JUDGED):
                 return
             live = self._live.get(key)
             if live is None:

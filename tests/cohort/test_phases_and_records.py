@@ -130,3 +130,27 @@ def test_a_registry_restored_from_its_records_decides_as_the_original() -> None:
     assert replay.disposition is Disposition.REPLAYED
     assert isinstance(replay.replay, Tombstone) and isinstance(replay.replay.outcome, Masked)
     assert again.submit(sub(2, gid="open"), now).frozen
+
+
+def test_a_restored_evaluating_header_enters_evaluating_through_the_table() -> None:
+    """Restore takes the FILLED transition (no phase is assigned around the table): the
+    frozen members and the stored evaluation deadline come back, and a member for the
+    restored cohort is refused as for a cohort that filled in this process."""
+    reg, _ = registry()
+    reg.wall_offset = WALL - T0
+    records = []
+    for i in range(3):
+        records += reg.submit(sub(i, gid="full"), T0).records
+    header = [r for r in records if isinstance(r, CohortRecord)][-1]
+    assert header.phase is Phase.EVALUATING
+    members = tuple(r for r in records if isinstance(r, MemberRecord))
+    again, _ = registry()
+    again.wall_offset = WALL - T0
+    [cohort] = again.restore(Recovered(cohorts=(RecoveredCohort(header, members),)), T0 + 1)
+    assert cohort.phase is Phase.EVALUATING
+    assert [m.coords.rollout_index for m in cohort.snapshot] == [0, 1, 2]
+    assert cohort.evaluation_deadline == pytest.approx(T0 + EVALUATION_S)
+    late = again.submit(sub(0, gid="full", text="another answer"), T0 + 2)
+    assert late.rejection is not None
+    with pytest.raises(IllegalTransition):
+        transition(cohort.phase, Event.FILLED)  # a filled cohort cannot fill again
