@@ -226,13 +226,11 @@ class CohortRegistry:
                     or reference.group_size != sub.group_size
                 ):
                     return self._mismatch(sub, reference.group_size, reference.prompt_digest)
-                if self._draining and self._active.get(key) is None:
-                    return self._shutting_down(sub)
-                older = len(self._active_by_group.get(scope, ()))
-                if self._active_total() - older >= self.config.max_active_cohorts:
-                    return self._capacity_exhausted(sub)
-                if self._over_principal_quota(key.principal, older):
-                    return self._principal_quota_exhausted(sub)
+                if self._active.get(key) is None:
+                    older = len(self._active_by_group.get(scope, ()))
+                    refusal = self._new_cohort_refusal(sub, superseded=older)
+                    if refusal is not None:
+                        return refusal
                 follows = latest is not None
                 ended = self._supersede(key, now)
                 self._raise_watermark(scope, key.attempt, now)
@@ -399,12 +397,9 @@ class CohortRegistry:
         tomb = self.store.tombstone(sub.key, now)
         if tomb is not None:
             return self._submit_terminal(tomb, sub)
-        if self._draining:
-            return self._shutting_down(sub)
-        if self._active_total() >= self.config.max_active_cohorts:
-            return self._capacity_exhausted(sub)
-        if self._over_principal_quota(sub.key.principal, 0):
-            return self._principal_quota_exhausted(sub)
+        refusal = self._new_cohort_refusal(sub, superseded=0)
+        if refusal is not None:
+            return refusal
         self._seq += 1
         cohort = Cohort(
             key=sub.key,
@@ -658,6 +653,19 @@ class CohortRegistry:
             Disposition.REJECTED,
             rejection=failure_rejection(sub.key, outcome, coords_metadata(sub.coords)),
         )
+
+    def _new_cohort_refusal(self, sub: Submission, *, superseded: int) -> SubmitDecision | None:
+        """Why ``sub`` may not open a cohort now, or None: draining, then the deployment's
+        ``max_active_cohorts``, then its principal's share. ``superseded`` cohorts of its
+        group end if it opens, so they do not count against it. The one place these
+        bounds are decided (a replica's registry sees the deployment's counts)."""
+        if self._draining:
+            return self._shutting_down(sub)
+        if self._active_total() - superseded >= self.config.max_active_cohorts:
+            return self._capacity_exhausted(sub)
+        if self._over_principal_quota(sub.key.principal, superseded):
+            return self._principal_quota_exhausted(sub)
+        return None
 
     def _capacity_exhausted(self, sub: Submission) -> SubmitDecision:
         return self._reject(
