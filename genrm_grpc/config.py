@@ -455,17 +455,6 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _replicas_judge_after_collection(self) -> Settings:
-        # Eager judging starts passes as members arrive, which needs one process to see
-        # every member of a group; replicas on a shared store do not.
-        if self.store.startswith("redis:") and self.judge_schedule == "eager":
-            raise ValueError(
-                "judge_schedule: eager needs every member of a group on one process; with "
-                "store: redis://… (replicas) use judge_schedule: after_collection"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _default_group_fits(self) -> Settings:
         if self.num_rollouts_per_prompt > self.max_group_size:
             raise ValueError(

@@ -36,12 +36,11 @@ def test_a_store_the_server_cannot_serve_from_is_a_configuration_error(
     assert words in str(refused.value)
 
 
-def test_a_redis_store_is_accepted_and_refuses_eager_judging() -> None:
+def test_a_redis_store_is_accepted_with_either_judge_schedule() -> None:
     assert load_settings(store="redis://127.0.0.1:6379/0").store == "redis://127.0.0.1:6379/0"
     assert load_settings(store="redis://127.0.0.1:6379/0").replica_lease_s == 10.0
-    with pytest.raises(ConfigError) as refused:
-        load_settings(store="redis://127.0.0.1:6379/0", judge_schedule="eager")
-    assert "after_collection" in str(refused.value)
+    eager = load_settings(store="redis://127.0.0.1:6379/0", judge_schedule="eager")
+    assert eager.judge_schedule == "eager"
 
 
 def test_a_server_on_a_file_never_imports_the_redis_client() -> None:

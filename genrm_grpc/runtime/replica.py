@@ -57,7 +57,14 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.phases import Event as PhaseEvent
 from genrm_grpc.cohort.phases import allows
-from genrm_grpc.cohort.records import CohortRecord, Record, Recovered
+from genrm_grpc.cohort.records import (
+    CohortRecord,
+    MemberRecord,
+    Record,
+    Recovered,
+    RecoveredCohort,
+    VerdictRecord,
+)
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.observability.hooks import RuntimeObserver
@@ -165,6 +172,8 @@ class ReplicaRuntime(CohortRuntime):
         self._to_fetch: set[CohortKey] = set()
         self._fetcher: asyncio.Task[None] | None = None
         self._evaluating_here: set[CohortKey] = set()
+        #: Collecting cohorts judged here eagerly: set when the channel says one grew.
+        self._growth: dict[CohortKey, asyncio.Event] = {}
         self._stopping = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self.takeovers = 0
@@ -182,7 +191,12 @@ class ReplicaRuntime(CohortRuntime):
         loop = asyncio.get_running_loop()
         for coro, name in (
             (
-                self.shared.listen(self._on_ended, self._resubscribed, stopping=self._stopping),
+                self.shared.listen(
+                    self._on_ended,
+                    self._resubscribed,
+                    stopping=self._stopping,
+                    on_grown=self._on_grown,
+                ),
                 "replica-listen",
             ),
             (self._sweep(), "replica-sweep"),
@@ -377,12 +391,16 @@ class ReplicaRuntime(CohortRuntime):
                 for r in records
                 if isinstance(r, CohortRecord) and r.key not in state.active_keys
             ]
+            collect: CohortKey | None = None
             if records:
+                collect, grown = self._eagerly(records, started, ended, frozen)
                 committed = await self.shared.commit(
                     state,
                     records,
                     ended=[_mailbox(cohort, now) for cohort in ended],
                     evaluate=frozen.key if frozen is not None else None,
+                    collect=collect,
+                    grown=grown,
                     fence=fence,
                 )
                 if committed.lease_lost:
@@ -408,6 +426,9 @@ class ReplicaRuntime(CohortRuntime):
                 self._end_here(cohort.key, _mailbox(cohort, now))
             if frozen is not None and token:
                 self._evaluate_here(frozen.key, self.shared.lease_for(frozen.key, token))
+            elif token and collect is not None:
+                # The cohort is judged here as its members arrive, wherever they do.
+                self._evaluate_here(collect, self.shared.lease_for(collect, token))
             for op, result in zip(ops, decisions, strict=True):
                 if op.future.done():
                     continue
@@ -420,6 +441,26 @@ class ReplicaRuntime(CohortRuntime):
         raise StoreError(
             f"cohort {key}: its group changed under {MAX_COMMIT_ATTEMPTS} decisions in a row"
         )
+
+    def _eagerly(
+        self,
+        records: list[Record],
+        started: list[CohortKey],
+        ended: list[Cohort],
+        frozen: Cohort | None,
+    ) -> tuple[CohortKey | None, list[CohortKey]]:
+        """Eager judging: the cohort whose lease a commit takes at creation (None when
+        the commit freezes it, or judging waits for the whole group), and the cohorts
+        it grows, to announce to the replica judging them."""
+        if self.config.judge_schedule != "eager":
+            return None, []
+        gone = {cohort.key for cohort in ended}
+        alive = [key for key in started if key not in gone]
+        collect = alive[-1] if alive and frozen is None else None
+        grown = {r.key: None for r in records if isinstance(r, MemberRecord)}
+        if frozen is not None:
+            grown[frozen.key] = None
+        return collect, list(grown)
 
     def _unshare(self, key: CohortKey) -> None:
         """Another replica writes this group too: read it before every decision."""
@@ -517,6 +558,11 @@ class ReplicaRuntime(CohortRuntime):
         if key in self._live:
             self._fetch(key)
 
+    def _on_grown(self, key: CohortKey) -> None:
+        grew = self._growth.get(key)
+        if grew is not None:
+            grew.set()
+
     async def _resubscribed(self) -> None:
         # Messages published while this replica was not subscribed are gone: read every
         # outcome it waits for, and forget cohorts nobody here waits for any more.
@@ -525,6 +571,8 @@ class ReplicaRuntime(CohortRuntime):
                 del self._live[key]
             else:
                 self._fetch(key)
+        for grew in self._growth.values():
+            grew.set()  # a collecting cohort judged here re-reads its group
 
     def _fetch(self, key: CohortKey) -> None:
         self._to_fetch.add(key)
@@ -559,28 +607,67 @@ class ReplicaRuntime(CohortRuntime):
 
         task.add_done_callback(done)
 
+    def _adopt(self, key: CohortKey, entry: RecoveredCohort) -> _Live:
+        """This replica's live state of ``key`` as ``entry`` holds it, judged from here."""
+        (cohort,) = self._group_registry().restore(Recovered(cohorts=(entry,)), time.time())
+        live = self._live.get(key)
+        if live is None:
+            live = _Live(cohort=cohort)
+            self._live[key] = live
+        else:
+            live.cohort = cohort
+        live.eval_task = asyncio.current_task()
+        return live
+
+    async def _collect_eagerly(
+        self,
+        key: CohortKey,
+        live: _Live,
+        entry: RecoveredCohort | None,
+        verdicts: list[VerdictRecord],
+    ) -> tuple[RecoveredCohort | None, list[VerdictRecord]]:
+        """Eager judging: start the passes between the stored members of a collecting
+        cohort, again each time the channel says it grew, until it froze or ended;
+        returns the group as last read."""
+        grew = self._growth.setdefault(key, asyncio.Event())
+        try:
+            while entry is not None and entry.header.phase is Phase.COLLECTING:
+                self._resume.extend(verdicts)
+                live = self._adopt(key, entry)
+                for slot in sorted(live.cohort.members):
+                    if slot not in live.durable_slots:  # stored: a restart would see it
+                        live.durable_slots.add(slot)
+                        self._start_ready_pairs(live, slot)
+                await grew.wait()
+                grew.clear()
+                entry, verdicts = await self.shared.load_evaluation(key)
+        finally:
+            self._growth.pop(key, None)
+        return entry, verdicts
+
     async def _evaluation(self, key: CohortKey, lease: Lease) -> None:
         keeper: asyncio.Task[None] | None = None
         try:
             entry, verdicts = await self.shared.load_evaluation(key)
+            eager = self.config.judge_schedule == "eager"
+            if eager and entry is not None and entry.header.phase is Phase.COLLECTING:
+                live = self._adopt(key, entry)
+                live.lease = lease
+                keeper = self._own(self._keep_lease(live, key), name=f"lease {key}")
+                entry, verdicts = await self._collect_eagerly(key, live, entry, verdicts)
             if entry is None or entry.header.phase is not Phase.EVALUATING:
                 await self._hand_off(key, lease)
                 if entry is None:
                     await self.shared.forget(key)
                 return
-            (cohort,) = self._group_registry().restore(Recovered(cohorts=(entry,)), time.time())
+            live = self._adopt(key, entry)
+            cohort = live.cohort
             if not allows(cohort.phase, PhaseEvent.JUDGED):
                 return
-            live = self._live.get(key)
-            if live is None:
-                live = _Live(cohort=cohort)
-                self._live[key] = live
-            else:
-                live.cohort = cohort
-            live.lease = lease
-            live.eval_task = asyncio.current_task()
+            if keeper is None:
+                live.lease = lease
+                keeper = self._own(self._keep_lease(live, key), name=f"lease {key}")
             self._resume.extend(verdicts)
-            keeper = self._own(self._keep_lease(live, key), name=f"lease {key}")
             tasks = []
             for job in self._plan.all_passes(cohort.group_size):
                 tasks.append(self._start_pair(live, job))

@@ -148,9 +148,10 @@ _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 #   R   1 key  member               ZREM
 #   S   1 key  value pxat           SET with an absolute expiry (an outcome's mailbox)
 #   P   0 keys channel message      PUBLISH (after the writes before it, in the script)
-#   L   2 keys owner ms fence_ms    a new evaluation lease: INCR the fence counter, SET
-#                                   the lease "<token>:<owner>" for ms; the script
-#                                   returns that token
+#   L   2 keys owner ms fence_ms    a new evaluation lease unless one is held: INCR the
+#                                   fence counter, SET the lease "<token>:<owner>" for
+#                                   ms; the script returns that token (0 when a lease
+#                                   was held: an eager evaluator took it at creation)
 #
 # The reuse index never re-encodes verdict numbers (cjson would round them): entries
 # are strings. ``apply_ops`` is shared by the store's batch script and the replicas'
@@ -278,9 +279,11 @@ while a <= #ARGV do
     redis.call('PUBLISH', ARGV[a + 1], ARGV[a + 2])
     a = a + 3
   elseif op == 'L' then
-    token = redis.call('INCR', KEYS[k + 1])
-    redis.call('PEXPIRE', KEYS[k + 1], ARGV[a + 3])
-    redis.call('SET', KEYS[k], token .. ':' .. ARGV[a + 1], 'PX', ARGV[a + 2])
+    if redis.call('EXISTS', KEYS[k]) == 0 then
+      token = redis.call('INCR', KEYS[k + 1])
+      redis.call('PEXPIRE', KEYS[k + 1], ARGV[a + 3])
+      redis.call('SET', KEYS[k], token .. ':' .. ARGV[a + 1], 'PX', ARGV[a + 2])
+    end
     k, a = k + 2, a + 4
   else
     error('unknown store operation ' .. tostring(op))

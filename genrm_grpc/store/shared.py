@@ -28,14 +28,16 @@ Keys, beyond those of ``genrm_grpc.store.redis`` (same hash tag ``{T}`` per grou
 
 =========================  ========  ================================================
 ``genrm:g:{T}``            string    the group's version (fencing token of commits)
-``genrm:e:{T}``            string    the evaluation lease ``<token>:<owner>`` (``PX``)
+``genrm:e:{T}``            string    the evaluation lease ``<token>:<owner>`` (``PX``);
+                                     with eager judging taken when the cohort is created
 ``genrm:x:{T}``            string    the evaluation leases' fencing counter
 ``genrm:o:{T}:<key>``      string    an ended cohort's outcome (its packed tombstone),
                                      for waiters on other replicas; short TTL
 ``genrm:dl``               zset      active cohort → its next deadline (ms)
 ``genrm:ev``               zset      evaluating cohort → its lease's expiry (ms)
 ``genrm:n``                hash      active cohorts: ``*`` in all, ``p:<principal>``
-channel ``genrm:ended``              the key of every cohort that ended
+channel ``genrm:ended``              the key of every cohort that ended; with eager
+                                     judging also ``+<key>`` of a cohort that grew
 =========================  ========  ================================================
 
 ``genrm:dl``, ``genrm:ev`` and ``genrm:n`` are deployment-wide keys, outside the group's
@@ -102,6 +104,9 @@ _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 MAILBOX_TTL_S = 600.0
 #: How long a group's version counter outlives its last commit.
 VERSION_TTL_S = 86_400.0
+#: Prefix of a channel message announcing that a cohort grew (eager judging); a message
+#: without it names a cohort that ended.
+GROWN = "+"
 
 # KEYS: version, watermark, counts, cohort K, tombstone K.
 # ARGV: cohort key head and tombstone key head for the newest attempt, the key tail,
@@ -453,13 +458,20 @@ class SharedGroups:
         *,
         ended: Sequence[Tombstone] = (),
         evaluate: CohortKey | None = None,
+        collect: CohortKey | None = None,
+        grown: Sequence[CohortKey] = (),
         fence: Lease | None = None,
     ) -> Committed:
         """Write ``records`` if the group is still as ``state`` read it (one round trip).
 
         ``ended``: the outcomes of cohorts the decision ended (mailbox + message).
         ``evaluate``: a cohort the decision froze; this replica takes its evaluation
-        lease in the same script. ``fence``: the evaluation lease the decision was made
+        lease in the same script, unless a replica holds it already (eager judging),
+        and the cohort enters the evaluation index either way. ``collect``: a cohort the
+        decision created under eager judging; this replica takes its lease (not filed
+        in the evaluation index: a collecting cohort is not evaluating). ``grown``:
+        cohorts that gained members or froze, announced on the channel for the replica
+        judging them eagerly. ``fence``: the evaluation lease the decision was made
         under (an evaluation's result), which must still be current.
         """
         key = state.key
@@ -492,9 +504,14 @@ class SharedGroups:
             names.append(self.mailbox_key(tomb.key))
             args += ["S", tomb.record(), _ms(now + MAILBOX_TTL_S)]
             args += ["P", self.channel, _key_text(tomb.key)]
-        if evaluate is not None:
-            names += [self.lease_key(evaluate), self._tagged("x", evaluate), self._evaluations]
+        for grew in grown:
+            args += ["P", self.channel, GROWN + _key_text(grew)]
+        lease_of = evaluate if evaluate is not None else collect
+        if lease_of is not None:
+            names += [self.lease_key(lease_of), self._tagged("x", lease_of)]
             args += ["L", self.replica, _ms_span(self.lease_s), _ms_span(VERSION_TTL_S)]
+        if evaluate is not None:
+            names.append(self._evaluations)
             args += ["Z", _ms(now + self.lease_s), _key_text(evaluate)]
         version_key = self.version_key(key)
         lease_key = fence.key if fence is not None else version_key
@@ -583,8 +600,12 @@ class SharedGroups:
         on_subscribed: Callable[[], Awaitable[None]],
         *,
         stopping: asyncio.Event,
+        on_grown: Callable[[CohortKey], None] | None = None,
     ) -> None:
         """Deliver the channel's messages until ``stopping``; resubscribe after a drop.
+
+        A cohort that ended goes to ``on_ended``, one that grew (``GROWN``) to
+        ``on_grown``.
 
         ``on_subscribed`` runs after every (re)subscription: messages published while
         this replica was not subscribed are lost, so it re-reads what it waits for.
@@ -596,7 +617,7 @@ class SharedGroups:
             self.store.url, socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0)
         )
         try:
-            await self._listen(listener, on_ended, on_subscribed, stopping)
+            await self._listen(listener, on_ended, on_grown, on_subscribed, stopping)
         finally:
             await listener.aclose()
 
@@ -604,6 +625,7 @@ class SharedGroups:
         self,
         listener: aioredis.Redis,
         on_ended: Callable[[CohortKey], None],
+        on_grown: Callable[[CohortKey], None] | None,
         on_subscribed: Callable[[], Awaitable[None]],
         stopping: asyncio.Event,
     ) -> None:
@@ -618,7 +640,7 @@ class SharedGroups:
                     message = await pubsub.get_message(timeout=0.5)
                     if message is not None and message.get("type") == "message":
                         try:
-                            on_ended(_key_from(message["data"]))
+                            _dispatch(message["data"], on_ended, on_grown)
                         except (ValueError, TypeError):
                             log.warning("ignored a malformed message on %s", self.channel)
             except (*_UNAVAILABLE, RedisError, StoreError) as exc:
@@ -647,6 +669,19 @@ def _digest_cohort(key: CohortKey, flat: Sequence[bytes]) -> RecoveredCohort | N
     ]
     members.sort(key=lambda m: m.coords.rollout_index)
     return RecoveredCohort(decode_header(key, raw), tuple(members))
+
+
+def _dispatch(
+    data: bytes | str,
+    on_ended: Callable[[CohortKey], None],
+    on_grown: Callable[[CohortKey], None] | None,
+) -> None:
+    text = data.decode() if isinstance(data, bytes) else data
+    if text.startswith(GROWN):
+        if on_grown is not None:
+            on_grown(_key_from(text[len(GROWN) :]))
+    else:
+        on_ended(_key_from(text))
 
 
 def _key_from(member: bytes | str) -> CohortKey:

@@ -10,6 +10,7 @@ after a sleep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -547,3 +548,74 @@ async def test_a_draining_evaluator_hands_its_cohort_over_at_once_not_after_its_
         again = await _submit(targets[0], _member("drain", SIZE - 1))
         assert again.result.replayed
         assert any("took over the evaluation" in r.log.read_text() for r in replicas[:2])
+
+
+@pytest.fixture
+def eager_replicas(
+    redis_server: RedisServer, judge: FakeJudgeProcess, tmp_path: Path
+) -> Iterator[list[RestartableServer]]:
+    started = [
+        replica_process(
+            redis_server.url,
+            judge.url,
+            tmp_path / f"eager-{n}.log",
+            GENRM_JUDGE_SCHEDULE="eager",
+        )
+        for n in range(3)
+    ]
+    with running(started):
+        yield started
+
+
+async def test_eager_replicas_give_the_single_process_rewards_judging_each_pass_once(
+    eager_replicas: list[RestartableServer], judge: FakeJudgeProcess, tmp_path: Path
+) -> None:
+    groups = [f"eager-{n}" for n in range(4)]
+    expected = await _single_process(judge, tmp_path, groups)
+    before = _pair_counts(judge)
+    got = await _round_robin([r.target for r in eager_replicas], groups)
+    assert got == expected
+    after = _pair_counts(judge)
+    grown = {pair: after[pair] - before.get(pair, 0) for pair in after}
+    assert sum(grown.values()) == len(groups) * SIZE
+    assert set(grown.values()) == {1}
+
+
+async def test_an_eager_evaluator_killed_while_its_group_collects_is_taken_over_judging_once(
+    eager_replicas: list[RestartableServer], judge: FakeJudgeProcess, redis_server: RedisServer
+) -> None:
+    client = redis.Redis(port=redis_server.port)
+    targets = [r.target for r in eager_replicas]
+
+    def journaled() -> int:
+        names = client.keys("genrm:v:*")
+        return 0 if not names else int(client.hlen(names[0]))
+
+    # Members 0..SIZE-2 on replicas 0 and 1: member 0 makes replica 0 the evaluator,
+    # which judges the pairs among them while the last member is still missing.
+    first = [
+        asyncio.ensure_future(_submit(targets[k % 2], _member("early", k), timeout=90))
+        for k in range(SIZE - 1)
+    ]
+    await asyncio.to_thread(until, lambda: journaled() >= 2)
+    (lease,) = [client.get(name) for name in client.keys("genrm:e:*")]
+    pid = int(lease.decode().split(":", 1)[1].split("/")[1])
+    (evaluator,) = [r for r in eager_replicas if r.proc is not None and r.proc.pid == pid]
+    evaluator.kill()
+    done_before_kill = journaled()
+    assert 2 <= done_before_kill < SIZE
+    before = _pair_counts(judge)
+    survivors = [r.target for r in eager_replicas if r is not evaluator]
+    # Every member (resent where its replica died) and the last one, on the survivors.
+    replies = await asyncio.gather(
+        *(_submit(survivors[k % 2], _member("early", k), timeout=90) for k in range(SIZE))
+    )
+    for call in first:
+        with contextlib.suppress(grpc.RpcError):  # those on the killed replica
+            await call
+    assert all(not r.result.mask_sample for r in replies)
+    assert {r.result.judge_passes_resumed for r in replies} == {done_before_kill}
+    after = _pair_counts(judge)
+    grown = {pair: after[pair] - before.get(pair, 0) for pair in after}
+    # Only passes without a journaled verdict were judged after the kill.
+    assert sum(grown.values()) <= SIZE - done_before_kill

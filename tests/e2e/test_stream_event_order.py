@@ -85,8 +85,6 @@ def _first_accepted(events: list[pb.StreamGroupsResponse]) -> dict[tuple[str, in
 def test_every_members_accepted_comes_before_the_events_that_depend_on_it(
     store: str, schedule: str, judge: FakeJudgeProcess, tmp_path: Path
 ) -> None:
-    if schedule == "eager" and store.startswith("redis:"):
-        pytest.skip("replicas judge after collection only (judge_schedule: eager is refused)")
     server = RestartableServer(
         store,
         judge.url,

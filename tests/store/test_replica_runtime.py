@@ -36,8 +36,10 @@ class InstantJudge:
         return JudgeOutcome(Verdict(4.0, 3.0, 2.5, False), None, 1)
 
 
-async def _runtime(redis_url: str, judge: InstantJudge | None = None) -> ReplicaRuntime:
-    settings = Settings(store=redis_url)
+async def _runtime(
+    redis_url: str, judge: InstantJudge | None = None, **config: object
+) -> ReplicaRuntime:
+    settings = Settings(store=redis_url, **config)  # type: ignore[arg-type]
     runtime = ReplicaRuntime(
         CohortRegistry(settings, MemoryStore(settings)),
         judge or InstantJudge(),
@@ -164,5 +166,86 @@ async def test_a_cohort_cancelled_on_another_replica_fails_its_waiters_and_stops
         assert not await two.cancel_cohort(key, "again")
     finally:
         for runtime in (one, two):
+            await runtime.shutdown(0)
+            await runtime.close()
+
+
+class CountingJudge(InstantJudge):
+    """An instant judge that wakes whoever waits for its call count to reach a figure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counted = asyncio.Condition()
+
+    async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome:
+        outcome = await super().judge(inp, swap=swap)
+        async with self.counted:
+            self.counted.notify_all()
+        return outcome
+
+    async def reached(self, calls: int) -> None:
+        async with asyncio.timeout(30), self.counted:
+            await self.counted.wait_for(lambda: self.calls >= calls)
+
+
+def _early_passes(size: int, present: set[int]) -> int:
+    """Passes an eager evaluator can start with only ``present`` stored."""
+    plan = Settings().pass_plan()
+    return len({p.order for m in present for p in plan.passes_with(size, m, present)})
+
+
+async def test_eager_replicas_judge_before_the_group_is_in_and_each_pass_once(
+    redis_url: str,
+) -> None:
+    size = 4
+    first, second = CountingJudge(), CountingJudge()
+    one = await _runtime(redis_url, first, judge_schedule="eager")
+    two = await _runtime(redis_url, second, judge_schedule="eager")
+    try:
+        subs = [sub(k, gid="e", size=size, text=f"e-{k}") for k in range(size)]
+        tickets = [await (one if k % 2 == 0 else two).submit(subs[k]) for k in range(size - 1)]
+        # Member 0 made replica one the evaluator; it judges what members 0-2 allow,
+        # member 1 having arrived on replica two.
+        early = _early_passes(size, {0, 1, 2})
+        assert early > 0
+        await first.reached(early)
+        assert first.calls == early and second.calls == 0
+        tickets.append(await two.submit(subs[-1]))
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(t.waiter.wait() for t in tickets if t.waiter is not None)), 30
+        )
+        assert len(outcomes) == size
+        assert all(isinstance(o, Completed) for o in outcomes)
+        assert first.calls == Settings().pass_plan().pass_count(size)
+        assert second.calls == 0
+    finally:
+        for runtime in (one, two):
+            await runtime.shutdown(0)
+            await runtime.close()
+
+
+async def test_an_eager_evaluator_that_stops_hands_the_cohort_to_the_one_that_freezes_it(
+    redis_url: str,
+) -> None:
+    size = 4
+    first, second = CountingJudge(), CountingJudge()
+    one = await _runtime(redis_url, first, judge_schedule="eager")
+    two = await _runtime(redis_url, second, judge_schedule="eager")
+    try:
+        subs = [sub(k, gid="h", size=size, text=f"h-{k}") for k in range(size)]
+        for k in range(size - 1):
+            await (one if k % 2 == 0 else two).submit(subs[k])
+        early = _early_passes(size, {0, 1, 2})
+        await first.reached(early)
+        await one.shutdown(0)  # releases the lease; its journaled verdicts stay
+        last = await two.submit(subs[-1])
+        assert last.waiter is not None
+        outcome = await asyncio.wait_for(last.waiter.wait(), 30)
+        assert isinstance(outcome, Completed)
+        # Replica two judged only what replica one had not journaled: nothing twice.
+        assert first.calls + second.calls == Settings().pass_plan().pass_count(size)
+        assert two.stats()["passes_resumed"] == early
+    finally:
+        for runtime in (two, one):
             await runtime.shutdown(0)
             await runtime.close()
