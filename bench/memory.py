@@ -30,7 +30,8 @@ from genrm_grpc.cohort.model import CohortKey, MemberCoords, PromptSpec, Submiss
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
-from genrm_grpc.runtime.engine import CohortRuntime, Ticket
+from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.live import Ticket
 from genrm_grpc.store.memory import MemoryStore
 
 GROUP_SIZE = 16

@@ -13,7 +13,7 @@ import re
 from genrm_grpc.cohort.registry import RegistryView
 from genrm_grpc.config import Settings, config_keys
 from genrm_grpc.judge.client import JudgeView
-from genrm_grpc.runtime.engine import RuntimeView
+from genrm_grpc.runtime.live import RuntimeView
 from genrm_grpc.server.bounds import BoundsView
 from genrm_grpc.store.memory import StoreView
 

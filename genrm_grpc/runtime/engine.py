@@ -17,11 +17,9 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
 
-from genrm_grpc.cohort.identity import ComparisonMode
 from genrm_grpc.cohort.journal import VerdictJournal, judge_context
 from genrm_grpc.cohort.model import (
     CandidateSpec,
@@ -36,9 +34,7 @@ from genrm_grpc.cohort.model import (
     Phase,
     PromptSpec,
     Reason,
-    Rejection,
     Submission,
-    Tombstone,
     comparisons_by_member,
     reward_problem,
 )
@@ -48,242 +44,46 @@ from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, Submi
 from genrm_grpc.judge.client import (
     JudgeFailedError,
     JudgeInput,
-    JudgeOutcome,
     JudgeProgress,
     TokenUsage,
 )
 from genrm_grpc.observability.hooks import CohortOutcome, NullRuntimeObserver, RuntimeObserver
-from genrm_grpc.runtime.clock import Clock, LoopClock, TimerHandle
-from genrm_grpc.runtime.plan import Pass, PassPlan
+from genrm_grpc.runtime.clock import Clock, LoopClock
+from genrm_grpc.runtime.live import (
+    START_SLICE,
+    CallInterrupted,
+    Census,
+    CompareCapacityError,
+    JudgeBackend,
+    Live,
+    PairProgress,
+    PairResult,
+    ProgressCallback,
+    RuntimeView,
+    Ticket,
+    Waiter,
+    all_or_first_error,
+    copy_result,
+    deliver,
+    interrupt,
+    pass_plan,
+    retrieve_exception,
+    store_unavailable,
+    usage_metrics,
+)
+from genrm_grpc.runtime.plan import Pass
 from genrm_grpc.runtime.scheduler import PrioritySemaphore
 from genrm_grpc.scoring import aggregate
-from genrm_grpc.scoring.types import AnswerTexts, JudgedPair, ScoringView
+from genrm_grpc.scoring.types import AnswerTexts, JudgedPair
 from genrm_grpc.store.durable import DurableStore, MemoryDurable
 from genrm_grpc.store.records import StoreError
 
 log = logging.getLogger(__name__)
 
-JudgeSchedule = Literal["after_collection", "eager"]
 _T = TypeVar("_T")
-
-
-class CallInterrupted(Exception):
-    """A waiting call ends without its cohort's outcome; the cohort itself goes on.
-
-    ``STORE_UNAVAILABLE``: what the answer depends on could not be made durable.
-    ``SHUTTING_DOWN``: the server is restarting and keeps the cohort in its store.
-    Either way an identical resend reattaches (to the restarted server).
-    """
-
-    def __init__(self, reason: Reason, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
-def store_unavailable(what: str, error: BaseException) -> CallInterrupted:
-    return CallInterrupted(
-        Reason.STORE_UNAVAILABLE,
-        f"the server could not make {what} durable ({error}); nothing was published: "
-        "retry the identical call",
-    )
-
 
 #: After a failed write of a cohort's final records, how long until it is tried again.
 REWRITE_DELAY_S = 1.0
-
-
-class CompareCapacityError(Exception):
-    """A Compare would queue more judge passes than ``max_queued_compare_passes``."""
-
-
-class JudgeBackend(Protocol):
-    async def judge(self, inp: JudgeInput, *, swap: bool = False) -> JudgeOutcome: ...
-
-
-class RuntimeView(ScoringView, Protocol):
-    """The settings the runtime reads: its own plus the scoring knobs it aggregates with.
-
-    A read-only scoped view; ``genrm_grpc.config.Settings`` declares each key once (name,
-    default, validation) and satisfies it.
-    """
-
-    @property
-    def comparison_mode(self) -> ComparisonMode: ...
-    @property
-    def judge_schedule(self) -> JudgeSchedule: ...
-    @property
-    def judge_max_concurrency(self) -> int: ...
-    @property
-    def use_principle(self) -> bool: ...
-    @property
-    def default_principle(self) -> str: ...
-    #: Alternate judge passes swap the two answers (only with ≥ 2 judges per comparison).
-    @property
-    def position_debias(self) -> bool: ...
-    #: Passes of running Compare calls (queued or judging) above which a new one is
-    #: refused with CompareCapacityError.
-    @property
-    def max_queued_compare_passes(self) -> int: ...
-    #: ``group``: a pass of a later attempt of a group that asks the judge the same
-    #: question as one already journaled takes that verdict; ``off``: always judged.
-    @property
-    def verdict_reuse(self) -> Literal["group", "off"]: ...
-
-
-def pass_plan(config: RuntimeView) -> PassPlan:
-    """The judge passes the configuration asks for (also used to bound them up front)."""
-    return PassPlan.of(
-        config.comparison_mode,
-        config.comparison_strategy,
-        config.num_judges_per_comparison,
-        config.position_debias,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Census:
-    """What the server holds now, for the state gauges (``genrm_cohorts``,
-    ``genrm_tombstones``, ``genrm_attempt_watermarks``): this process's registry, or the
-    whole deployment's as a replica last read it from the shared store."""
-
-    collecting: int = 0
-    evaluating: int = 0
-    tombstones: int = 0
-    watermarks: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class PairProgress:
-    key: CohortKey
-    response_i: int
-    response_j: int
-    judge_index: int
-
-
-ProgressCallback = Callable[[PairProgress], None]
-
-
-#: A complete cohort's passes are started in slices of this many, with a yield to the
-#: event loop in between, so that a large cohort never freezes the loop.
-START_SLICE = 256
-
-
-@dataclass(frozen=True, slots=True)
-class _PairResult:
-    pair: JudgedPair
-    usage: TokenUsage | None
-    #: "judged", "reused" (an earlier attempt's verdict) or "resumed" (from before a restart)
-    source: str = "judged"
-
-
-class Waiter:
-    """One caller waiting for its member's cohort outcome."""
-
-    __slots__ = ("_live", "future", "on_progress", "slot")
-
-    def __init__(self, live: _Live, slot: int, on_progress: ProgressCallback | None) -> None:
-        self._live: _Live | None = live
-        self.slot = slot
-        self.on_progress = on_progress
-        self.future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-
-    async def wait(self) -> Outcome:
-        try:
-            return await self.future
-        finally:
-            self.release()
-
-    def release(self) -> None:
-        """Remove this waiter only; the member stays in its cohort."""
-        live, self._live = self._live, None
-        if live is not None:
-            waiters = live.waiters.get(self.slot)
-            if waiters is not None:
-                waiters.discard(self)
-                if not waiters:
-                    del live.waiters[self.slot]
-        if not self.future.done():
-            self.future.cancel()
-
-
-@dataclass(slots=True)
-class Ticket:
-    """What a submission got: a waiter, a replayed tombstone, or a rejection.
-
-    ``durable`` (when not None) resolves once what the submission changed, or the
-    replayed outcome, is in the store: answer nothing before it (it raises
-    :class:`CallInterrupted` when the store failed).
-    """
-
-    disposition: Disposition
-    waiter: Waiter | None = None
-    replay: Tombstone | None = None
-    rejection: Rejection | None = None
-    durable: asyncio.Future[None] | None = None
-
-    def store_failure(self) -> CallInterrupted | None:
-        """The typed interruption when ``durable`` failed (None: durable or not done)."""
-        durable = self.durable
-        if durable is None or not durable.done():
-            return None
-        error = StoreError("cancelled") if durable.cancelled() else durable.exception()
-        return None if error is None else store_unavailable("this member", error)
-
-    def interrupt_if_unwritten(self) -> None:
-        """End the waiter with STORE_UNAVAILABLE if ``durable`` fails (now or later)."""
-        durable, waiter = self.durable, self.waiter
-        if durable is None or waiter is None:
-            return
-        if durable.done():
-            self._interrupt_waiter()
-        else:
-            durable.add_done_callback(lambda _: self._interrupt_waiter())
-
-    def _interrupt_waiter(self) -> None:
-        failure = self.store_failure()
-        waiter = self.waiter
-        if failure is not None and waiter is not None:
-            _interrupt([waiter], failure)
-
-    async def persisted(self) -> None:
-        """Wait until ``durable``; raises :class:`CallInterrupted` when the write failed."""
-        durable = self.durable
-        if durable is not None and not durable.done():
-            await asyncio.wait([durable])
-        failure = self.store_failure()
-        if failure is not None:
-            raise failure
-
-
-@dataclass(slots=True, eq=False)
-class _Live:
-    cohort: Cohort
-    waiters: dict[int, set[Waiter]] = field(default_factory=dict)
-    collection_timer: TimerHandle | None = None
-    evaluation_timer: TimerHandle | None = None
-    pair_tasks: dict[int, asyncio.Task[_PairResult]] = field(default_factory=dict)
-    eval_task: asyncio.Task[None] | None = None
-    priority: int | None = None
-    #: A Compare: its passes are spread over later ranks (fair against cohorts).
-    spread: bool = False
-    #: Reason of the first JudgeFailedError: the cohort is masked, spend no more calls.
-    judge_failure: str | None = None
-    #: The judge_context digest of its passes (computed once).
-    context: str | None = None
-    reused: int = 0
-    resumed: int = 0
-    #: A write carrying its header or a member failed: a resend writes them again.
-    unwritten: bool = False
-    #: Replicas: the evaluation lease this process judges the cohort under, and the
-    #: journal writes of its passes (the outcome is committed after them).
-    lease: Any = None
-    journal_writes: list[asyncio.Future[None]] = field(default_factory=list)
-    #: Slots whose member record is known to be in the store (eager pairs start only
-    #: between those).
-    durable_slots: set[int] = field(default_factory=set)
-    #: Its comparisons at the judge now and the tokens they streamed (the client counts).
-    judge: JudgeProgress = field(default_factory=JudgeProgress)
 
 
 class CohortRuntime:
@@ -324,7 +124,7 @@ class CohortRuntime:
         self._closed = False
         self._sem = PrioritySemaphore(config.judge_max_concurrency)
         self._plan = pass_plan(config)
-        self._live: dict[CohortKey, _Live] = {}
+        self._live: dict[CohortKey, Live] = {}
         self._owned: set[asyncio.Task[Any]] = set()
         self._ready_seq = 0
         self._compare_passes = 0  # passes of running comparisons (queued or judging)
@@ -350,7 +150,7 @@ class CohortRuntime:
         cohorts = self.registry.restore(recovered, now)
         self._resume.extend(recovered.verdicts)
         for cohort in cohorts:
-            live = _Live(cohort=cohort, durable_slots=set(cohort.members))
+            live = Live(cohort=cohort, durable_slots=set(cohort.members))
             self._live[cohort.key] = live
             self._observer.cohort_started(cohort.key)
             if cohort.phase is Phase.EVALUATING:
@@ -449,7 +249,7 @@ class CohortRuntime:
         except Exception as exc:  # a store that raises instead of failing its future
             stored = asyncio.get_running_loop().create_future()
             stored.set_exception(StoreError(str(exc)))
-        stored.add_done_callback(lambda done: _copy_result(done, write))
+        stored.add_done_callback(lambda done: copy_result(done, write))
         write.add_done_callback(self._count_failure)
         write.add_done_callback(functools.partial(self._mark_unwritten, records))
 
@@ -520,14 +320,14 @@ class CohortRuntime:
             members={k: Member(MemberCoords(rollout_index=k), c) for k, c in enumerate(candidates)},
         )
         fill(cohort, None)  # every member at once
-        live = _Live(cohort=cohort, priority=self._ready_seq, spread=True)
+        live = Live(cohort=cohort, priority=self._ready_seq, spread=True)
         # Counted as an evaluation so that shutdown grants it the same grace.
         self._evaluating += 1
         self._no_evaluations.clear()
         try:
             tasks = [self._start_pair(live, job) for job in self._plan.all_passes(n)]
             try:
-                results = await _all_or_first_error(tasks)
+                results = await all_or_first_error(tasks)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -657,7 +457,7 @@ class CohortRuntime:
         assert cohort is not None
         live = self._live.get(cohort.key)
         if live is None:
-            live = _Live(cohort=cohort)
+            live = Live(cohort=cohort)
             self._live[cohort.key] = live
             if not decision.frozen:  # (a cohort full at its first member needs no timer)
                 live.collection_timer = self._clock.call_at(
@@ -687,7 +487,7 @@ class CohortRuntime:
         return ticket
 
     def _when_member_durable(
-        self, live: _Live, slot: int, durable: asyncio.Future[None] | None
+        self, live: Live, slot: int, durable: asyncio.Future[None] | None
     ) -> None:
         """Note ``slot`` as stored once ``durable`` succeeds; eager: start its passes."""
 
@@ -705,7 +505,7 @@ class CohortRuntime:
         else:
             durable.add_done_callback(stored)
 
-    def _start_evaluation(self, live: _Live, durable: asyncio.Future[None] | None = None) -> None:
+    def _start_evaluation(self, live: Live, durable: asyncio.Future[None] | None = None) -> None:
         """Judge a frozen cohort, once ``durable`` (the write that froze it) succeeded.
 
         The evaluation deadline runs from the freeze and the evaluation counts as
@@ -736,7 +536,7 @@ class CohortRuntime:
         else:
             durable.add_done_callback(functools.partial(self._evaluate_when_durable, live))
 
-    def _evaluate_when_durable(self, live: _Live, durable: asyncio.Future[None] | None) -> None:
+    def _evaluate_when_durable(self, live: Live, durable: asyncio.Future[None] | None) -> None:
         cohort = live.cohort
         if self._live.get(cohort.key) is not live:
             self._evaluation_ended()  # it ended (deadline, cancel, shutdown) meanwhile
@@ -773,14 +573,14 @@ class CohortRuntime:
         if self._evaluating == 0:
             self._no_evaluations.set()
 
-    def _start_ready_pairs(self, live: _Live, arrived: int) -> None:
+    def _start_ready_pairs(self, live: Live, arrived: int) -> None:
         """Eager: start the passes of the member that arrived whose partners are present."""
         cohort = live.cohort
         for job in self._plan.passes_with(cohort.group_size, arrived, live.durable_slots):
             if job.order not in live.pair_tasks:
                 self._start_pair(live, job)
 
-    def _start_pair(self, live: _Live, job: Pass) -> asyncio.Task[_PairResult]:
+    def _start_pair(self, live: Live, job: Pass) -> asyncio.Task[PairResult]:
         task = live.pair_tasks.get(job.order)
         if task is None:
             if live.priority is None:
@@ -790,7 +590,7 @@ class CohortRuntime:
             journaled = self._resume.resume(key, job.i, job.j, job.judge_index)
             if journaled is not None:
                 # Finished before a restart: its journaled verdict, no judge call.
-                coro: Coroutine[Any, Any, _PairResult] = self._resumed(live, job, journaled)
+                coro: Coroutine[Any, Any, PairResult] = self._resumed(live, job, journaled)
             else:
                 inp = self._judge_input(live.cohort, job, live.judge)
                 coro = self._judge_pair(live, job, inp)
@@ -798,12 +598,12 @@ class CohortRuntime:
             live.pair_tasks[job.order] = task
         return task
 
-    async def _resumed(self, live: _Live, job: Pass, record: VerdictRecord) -> _PairResult:
+    async def _resumed(self, live: Live, job: Pass, record: VerdictRecord) -> PairResult:
         live.resumed += 1
         self.passes_resumed += 1
         usage = None if record.usage is None else TokenUsage(*record.usage)
         pair = JudgedPair(job.i, job.j, job.judge_index, record.verdict)
-        return _PairResult(pair, usage, "resumed")
+        return PairResult(pair, usage, "resumed")
 
     # ------------------------------------------------------------------ tasks
     def _own(self, coro: Coroutine[Any, Any, _T], *, name: str) -> asyncio.Task[_T]:
@@ -812,7 +612,7 @@ class CohortRuntime:
         task.add_done_callback(self._owned.discard)
         # An eager pair can fail in a cohort that then never fills (or ends otherwise):
         # nobody awaits it, and its exception must not be logged as never retrieved.
-        task.add_done_callback(_retrieve_exception)
+        task.add_done_callback(retrieve_exception)
         return task
 
     def _judge_input(
@@ -838,7 +638,7 @@ class CohortRuntime:
             progress=progress,
         )
 
-    async def _judge_pair(self, live: _Live, job: Pass, inp: JudgeInput) -> _PairResult:
+    async def _judge_pair(self, live: Live, job: Pass, inp: JudgeInput) -> PairResult:
         cohort = live.cohort
         assert live.priority is not None
         journal = not live.spread  # a Compare is not a cohort: nothing to journal or reuse
@@ -899,13 +699,13 @@ class CohortRuntime:
                 ],
             )
         self._progress(live, job)
-        return _PairResult(JudgedPair(job.i, job.j, job.judge_index, out.verdict), out.usage)
+        return PairResult(JudgedPair(job.i, job.j, job.judge_index, out.verdict), out.usage)
 
-    def _journal(self, live: _Live, records: list[Record]) -> None:
+    def _journal(self, live: Live, records: list[Record]) -> None:
         """Journal a finished pass (the durable store's batch of this loop turn)."""
         self._persist(records)
 
-    def _progress(self, live: _Live, job: Pass) -> None:
+    def _progress(self, live: Live, job: Pass) -> None:
         cohort = live.cohort
         if not cohort.active:
             return
@@ -916,7 +716,7 @@ class CohortRuntime:
         for callback in callbacks:
             callback(progress)
 
-    def _question(self, live: _Live, job: Pass, inp: JudgeInput) -> tuple[str, str, str]:
+    def _question(self, live: Live, job: Pass, inp: JudgeInput) -> tuple[str, str, str]:
         """(context, first, second): what a journaled verdict answers, as digests."""
         cohort = live.cohort
         if live.context is None:
@@ -943,7 +743,7 @@ class CohortRuntime:
 
     async def _reusable(
         self, cohort: Cohort, job: Pass, question: tuple[str, str, str]
-    ) -> _PairResult | None:
+    ) -> PairResult | None:
         scope = cohort.key.group_scope
         assert scope is not None
         context, first, second = question
@@ -957,14 +757,14 @@ class CohortRuntime:
         if found is None or found.verdict.parse_failed:
             # A verdict that fell back to the default scores is asked again.
             return None
-        return _PairResult(JudgedPair(job.i, job.j, job.judge_index, found.verdict), None, "reused")
+        return PairResult(JudgedPair(job.i, job.j, job.judge_index, found.verdict), None, "reused")
 
-    def _cancel_pairs(self, live: _Live, *, keep: asyncio.Task[Any] | None = None) -> None:
+    def _cancel_pairs(self, live: Live, *, keep: asyncio.Task[Any] | None = None) -> None:
         for task in live.pair_tasks.values():
             if task is not keep and not task.done():
                 task.cancel()
 
-    async def _evaluate(self, live: _Live) -> None:
+    async def _evaluate(self, live: Live) -> None:
         cohort = live.cohort
         try:
             tasks = []
@@ -974,7 +774,7 @@ class CohortRuntime:
                     await asyncio.sleep(0)  # a large cohort: let other work run
             now = self._clock.now
             try:
-                results = await _all_or_first_error(tasks)
+                results = await all_or_first_error(tasks)
             except JudgeFailedError as exc:
                 ended = self.registry.judge_failed(
                     cohort, exc.reason, now(), reused=live.reused, resumed=live.resumed
@@ -990,7 +790,7 @@ class CohortRuntime:
                 self.registry.fail(cohort, f"evaluation failed: {exc}", self._clock.now())
             )
 
-    def _scored(self, live: _Live, results: Sequence[_PairResult]) -> Ended | None:
+    def _scored(self, live: Live, results: Sequence[PairResult]) -> Ended | None:
         """Aggregate a cohort's judged passes and tell the registry (what it ended)."""
         cohort = live.cohort
         try:
@@ -1003,7 +803,7 @@ class CohortRuntime:
         return self.registry.evaluation_finished(cohort, outcome, self._clock.now())
 
     def _score(
-        self, cohort: Cohort, results: Sequence[_PairResult], live: _Live | None = None
+        self, cohort: Cohort, results: Sequence[PairResult], live: Live | None = None
     ) -> Completed:
         members = cohort.snapshot
         assert members is not None
@@ -1016,7 +816,7 @@ class CohortRuntime:
         else:
             scores = aggregate(texts, judged, params)
         metrics = dict(scores.metrics)
-        metrics.update(_usage_metrics([r.usage for r in results]))
+        metrics.update(usage_metrics([r.usage for r in results]))
         by_member = comparisons_by_member(len(scores.members), judged)
         rewards = tuple(
             MemberReward(
@@ -1037,16 +837,16 @@ class CohortRuntime:
         )
 
     # ------------------------------------------------------------------ timers
-    def _on_collection_deadline(self, live: _Live) -> None:
+    def _on_collection_deadline(self, live: Live) -> None:
         live.collection_timer = None
         self._conclude(self.registry.collection_deadline(live.cohort, self._clock.now()))
 
-    def _on_evaluation_deadline(self, live: _Live) -> None:
+    def _on_evaluation_deadline(self, live: Live) -> None:
         live.evaluation_timer = None
         self._conclude(self.registry.evaluation_deadline(live.cohort, self._clock.now()))
 
     # ------------------------------------------------------------------ publication
-    def _retire(self, cohort: Cohort) -> tuple[_Live | None, list[Waiter]]:
+    def _retire(self, cohort: Cohort) -> tuple[Live | None, list[Waiter]]:
         """Stop everything a cohort that left this process runs; return its waiters."""
         live = self._live.pop(cohort.key, None)
         if live is None or live.cohort is not cohort:
@@ -1080,7 +880,7 @@ class CohortRuntime:
         assert outcome is not None and cohort.phase in (Phase.COMPLETED, Phase.FAILED)
         self._log_outcome(cohort, outcome, len(waiters))
         if write is None or (write.done() and write.exception() is None):
-            _deliver(waiters, outcome)
+            deliver(waiters, outcome)
             return
         key = cohort.key
         self._unsettled[key] = write
@@ -1090,9 +890,9 @@ class CohortRuntime:
             if error is None:
                 if self._unsettled.get(key) is done:
                     del self._unsettled[key]
-                _deliver(waiters, outcome)
+                deliver(waiters, outcome)
                 return
-            _interrupt(waiters, store_unavailable(f"the outcome of cohort {key}", error))
+            interrupt(waiters, store_unavailable(f"the outcome of cohort {key}", error))
             self._rewrite(cohort, key)
 
         write.add_done_callback(settled)
@@ -1111,7 +911,7 @@ class CohortRuntime:
             if write is None:
                 retry.set_result(None)
                 return
-            write.add_done_callback(lambda done: _copy_result(done, retry))
+            write.add_done_callback(lambda done: copy_result(done, retry))
 
         def settled(done: asyncio.Future[None]) -> None:
             if done.exception() is None:
@@ -1132,7 +932,7 @@ class CohortRuntime:
             f"the server is restarting; cohort {cohort.key} is kept in its store and resumes "
             "when it is back: resend the identical member to reattach",
         )
-        _interrupt(waiters, interrupted)
+        interrupt(waiters, interrupted)
 
     def _log_outcome(self, cohort: Cohort, outcome: Outcome, waiters: int) -> None:
         age_s = self._clock.now() - cohort.created_at
@@ -1162,93 +962,3 @@ class CohortRuntime:
                 fields["reason"] = reason
             log.log(level, message, extra=fields)
         self._observer.cohort_finished(cohort.key, kind, age_s)
-
-
-def _deliver(waiters: list[Waiter], outcome: Outcome) -> None:
-    for waiter in waiters:
-        if not waiter.future.done():
-            waiter.future.set_result(outcome)
-
-
-def _interrupt(waiters: list[Waiter], error: CallInterrupted) -> None:
-    for waiter in waiters:
-        if not waiter.future.done():
-            waiter.future.set_exception(error)
-            waiter.future.exception()  # retrieved: a caller that left logs nothing
-
-
-def _copy_result(source: asyncio.Future[None], target: asyncio.Future[None]) -> None:
-    if target.done():
-        return
-    if source.cancelled():
-        target.set_exception(StoreError("the store write was cancelled"))
-    elif (error := source.exception()) is not None:
-        target.set_exception(error)
-    else:
-        target.set_result(None)
-
-
-def _retrieve_exception(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-async def _all_or_first_error(tasks: list[asyncio.Task[_PairResult]]) -> list[_PairResult]:
-    """Results in order; on the first failure cancel and await the rest, then raise it.
-
-    One done callback per task and a countdown: O(1) work per finished task (waiting
-    with ``asyncio.wait`` in a loop re-registers a callback on every pending task each
-    time one finishes). A task that is cancelled does not end the wait early; its
-    CancelledError surfaces from its result at the end, as it would from ``asyncio.wait``.
-    """
-    if not tasks:
-        return []
-    first_error: asyncio.Future[asyncio.Task[_PairResult] | None]
-    first_error = asyncio.get_running_loop().create_future()
-    remaining = len(tasks)
-
-    def finished(task: asyncio.Task[_PairResult]) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if first_error.done():
-            return
-        if not task.cancelled() and task.exception() is not None:
-            first_error.set_result(task)
-        elif remaining == 0:
-            first_error.set_result(None)
-
-    for task in tasks:
-        task.add_done_callback(finished)
-    try:
-        failed = await first_error
-    finally:
-        pending = []
-        for task in tasks:
-            task.remove_done_callback(finished)
-            if not task.done():
-                task.cancel()
-                pending.append(task)
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-    if failed is not None:
-        error = failed.exception()
-        assert error is not None
-        raise error
-    return [task.result() for task in tasks]
-
-
-def _usage_metrics(usages: Sequence[TokenUsage | None]) -> dict[str, float]:
-    known = [u for u in usages if u is not None]
-    if not known:
-        return {}
-    outputs = [u.output_tokens for u in known]
-    return {
-        "judge_input_tokens_total": float(sum(u.input_tokens for u in known)),
-        "judge_output_tokens_total": float(sum(outputs)),
-        "judge_reasoning_tokens_total": float(sum(u.reasoning_tokens for u in known)),
-        "judge_output_tokens_mean": sum(outputs) / len(outputs),
-        "judge_output_tokens_max": float(max(outputs)),
-        "judge_cached_tokens_total": float(sum(u.cached_tokens for u in known)),
-        "judge_output_tokens_wasted_total": float(sum(u.wasted_output_tokens for u in known)),
-        "judge_adaptive_budget_cuts": float(sum(u.adaptive_cuts for u in known)),
-    }

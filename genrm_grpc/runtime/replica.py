@@ -69,20 +69,20 @@ from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, Submi
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.observability.hooks import RuntimeObserver
 from genrm_grpc.runtime.clock import WallClock
-from genrm_grpc.runtime.engine import (
+from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.live import (
     START_SLICE,
     CallInterrupted,
     Census,
-    CohortRuntime,
     JudgeBackend,
+    Live,
     ProgressCallback,
     RuntimeView,
     Ticket,
     Waiter,
-    _all_or_first_error,
-    _deliver,
-    _interrupt,
-    _Live,
+    all_or_first_error,
+    deliver,
+    interrupt,
     store_unavailable,
 )
 from genrm_grpc.store.lease import Lease
@@ -227,7 +227,7 @@ class ReplicaRuntime(CohortRuntime):
         for live in list(self._live.values()):
             waiters = [w for ws in live.waiters.values() for w in ws]
             live.waiters.clear()
-            _interrupt(waiters, interrupted)
+            interrupt(waiters, interrupted)
         self._live.clear()
         for task in [*self._background, *self._owned]:
             task.cancel()
@@ -499,7 +499,7 @@ class ReplicaRuntime(CohortRuntime):
         key = cohort.key
         live = self._live.get(key)
         if live is None:
-            live = _Live(cohort=cohort)
+            live = Live(cohort=cohort)
             self._live[key] = live
         waiter = Waiter(live, sub.rollout_index, on_progress)
         live.waiters.setdefault(sub.rollout_index, set()).add(waiter)
@@ -549,7 +549,7 @@ class ReplicaRuntime(CohortRuntime):
                 task.cancel()
         live.pair_tasks.clear()
         self._resume.drop(key)
-        _deliver(waiters, tomb.outcome)
+        deliver(waiters, tomb.outcome)
 
     def _on_ended(self, key: CohortKey) -> None:
         self._recent_ends[key] = None
@@ -607,12 +607,12 @@ class ReplicaRuntime(CohortRuntime):
 
         task.add_done_callback(done)
 
-    def _adopt(self, key: CohortKey, entry: RecoveredCohort) -> _Live:
+    def _adopt(self, key: CohortKey, entry: RecoveredCohort) -> Live:
         """This replica's live state of ``key`` as ``entry`` holds it, judged from here."""
         (cohort,) = self._group_registry().restore(Recovered(cohorts=(entry,)), time.time())
         live = self._live.get(key)
         if live is None:
-            live = _Live(cohort=cohort)
+            live = Live(cohort=cohort)
             self._live[key] = live
         else:
             live.cohort = cohort
@@ -622,7 +622,7 @@ class ReplicaRuntime(CohortRuntime):
     async def _collect_eagerly(
         self,
         key: CohortKey,
-        live: _Live,
+        live: Live,
         entry: RecoveredCohort | None,
         verdicts: list[VerdictRecord],
     ) -> tuple[RecoveredCohort | None, list[VerdictRecord]]:
@@ -675,7 +675,7 @@ class ReplicaRuntime(CohortRuntime):
                     await asyncio.sleep(0)
             event: Event
             try:
-                results = await _all_or_first_error(tasks)
+                results = await all_or_first_error(tasks)
             except JudgeFailedError as exc:
                 reason, reused, resumed = exc.reason, live.reused, live.resumed
 
@@ -735,7 +735,7 @@ class ReplicaRuntime(CohortRuntime):
         except StoreError as exc:
             log.warning("could not record the failure of %s (%s); its lease expires", key, exc)
 
-    async def _keep_lease(self, live: _Live, key: CohortKey) -> None:
+    async def _keep_lease(self, live: Live, key: CohortKey) -> None:
         """Renew the evaluation lease every third of its life; stop the evaluation if lost."""
         period = self.shared.lease_s / 3
         while True:
@@ -763,7 +763,7 @@ class ReplicaRuntime(CohortRuntime):
                 return
             live.lease = renewed
 
-    def _journal(self, live: _Live, records: list[Record]) -> None:
+    def _journal(self, live: Live, records: list[Record]) -> None:
         lease = live.lease
         if not isinstance(lease, Lease):
             return  # the lease is gone: whoever took over journals its own passes

@@ -28,7 +28,8 @@ from genrm_grpc.observability.hooks import (
     RuntimeObserver,
 )
 from genrm_grpc.observability.metrics import MetricsEndpoint, ServerMetrics
-from genrm_grpc.runtime.engine import CohortRuntime, JudgeBackend
+from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.live import JudgeBackend
 from genrm_grpc.server.admission import Admission
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.documented_reflection import enable_documented_reflection

@@ -37,9 +37,9 @@ from genrm_grpc.observability.hooks import (
     ServiceObserver,
     SubmitTracer,
 )
-from genrm_grpc.runtime.engine import (
+from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.live import (
     CallInterrupted,
-    CohortRuntime,
     CompareCapacityError,
     PairProgress,
     ProgressCallback,

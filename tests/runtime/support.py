@@ -19,7 +19,8 @@ from genrm_grpc.cohort.model import Cohort, MemberCoords, PromptSpec, Submission
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
-from genrm_grpc.runtime.engine import CohortRuntime, JudgeSchedule
+from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.live import JudgeSchedule
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.testing import ManualClock

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from genrm_grpc.judge.client import JudgeFailedError
-from genrm_grpc.runtime.engine import _all_or_first_error, _PairResult
+from genrm_grpc.runtime.live import PairResult, all_or_first_error
 from genrm_grpc.scoring.types import JudgedPair, Verdict
 
 from .support import settle
@@ -25,7 +25,7 @@ class Pairs:
         self.cancelled: list[int] = []
         self.tasks = [asyncio.ensure_future(self._pair(k)) for k in range(n)]
 
-    async def _pair(self, k: int) -> _PairResult:
+    async def _pair(self, k: int) -> PairResult:
         try:
             await self.gates[k].wait()
         except asyncio.CancelledError:
@@ -34,7 +34,7 @@ class Pairs:
         error = self.errors[k]
         if error is not None:
             raise error
-        return _PairResult(JudgedPair(k, k + 1, 0, Verdict(float(k), 1.0, 1.0)), None)
+        return PairResult(JudgedPair(k, k + 1, 0, Verdict(float(k), 1.0, 1.0)), None)
 
     def finish(self, k: int) -> None:
         self.gates[k].set()
@@ -46,7 +46,7 @@ class Pairs:
 
 async def test_results_come_in_task_order_whatever_order_the_tasks_finish_in() -> None:
     pairs = Pairs(5)
-    waiting = asyncio.ensure_future(_all_or_first_error(pairs.tasks))
+    waiting = asyncio.ensure_future(all_or_first_error(pairs.tasks))
     for k in (3, 0, 4, 1):
         pairs.finish(k)
         await settle()
@@ -57,13 +57,13 @@ async def test_results_come_in_task_order_whatever_order_the_tasks_finish_in() -
 
 
 async def test_no_tasks_give_no_results() -> None:
-    assert await _all_or_first_error([]) == []
+    assert await all_or_first_error([]) == []
 
 
 async def test_the_first_failure_cancels_and_awaits_the_rest_then_is_raised() -> None:
     pairs = Pairs(4)
     pairs.finish(0)
-    waiting = asyncio.ensure_future(_all_or_first_error(pairs.tasks))
+    waiting = asyncio.ensure_future(all_or_first_error(pairs.tasks))
     await settle()
     first = JudgeFailedError("judge failed: HTTP 503")
     pairs.fail(2, first)
@@ -76,7 +76,7 @@ async def test_the_first_failure_cancels_and_awaits_the_rest_then_is_raised() ->
 
 async def test_a_cancelled_pair_does_not_end_the_wait_early_and_surfaces_at_the_end() -> None:
     pairs = Pairs(3)
-    waiting = asyncio.ensure_future(_all_or_first_error(pairs.tasks))
+    waiting = asyncio.ensure_future(all_or_first_error(pairs.tasks))
     pairs.tasks[1].cancel()
     await settle()
     assert not waiting.done()
@@ -89,7 +89,7 @@ async def test_a_cancelled_pair_does_not_end_the_wait_early_and_surfaces_at_the_
 async def test_cancelling_the_wait_cancels_and_awaits_every_pair() -> None:
     pairs = Pairs(3)
     pairs.finish(1)
-    waiting = asyncio.ensure_future(_all_or_first_error(pairs.tasks))
+    waiting = asyncio.ensure_future(all_or_first_error(pairs.tasks))
     await settle()
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -8,7 +8,7 @@ import pytest
 
 from genrm_grpc.cohort.identity import CandidateInput, candidate_spec
 from genrm_grpc.cohort.model import CandidateSpec, Completed
-from genrm_grpc.runtime.engine import CompareCapacityError
+from genrm_grpc.runtime.live import CompareCapacityError
 from genrm_grpc.testing import ManualClock
 
 from .support import PROMPT, ScriptedJudge, assert_no_leaks, make_runtime, sub, until

@@ -28,7 +28,8 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.registry import Disposition
 from genrm_grpc.judge.client import JudgeFailedError
-from genrm_grpc.runtime.engine import CohortRuntime, PairProgress, Ticket
+from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.live import PairProgress, Ticket
 from genrm_grpc.scoring import aggregate, judge_passes
 from genrm_grpc.scoring.types import (
     AnswerTexts,

@@ -10,7 +10,7 @@ import tracemalloc
 
 import pytest
 
-from genrm_grpc.runtime.engine import START_SLICE
+from genrm_grpc.runtime.live import START_SLICE
 from genrm_grpc.runtime.plan import PassPlan
 from genrm_grpc.scoring import judge_passes
 from genrm_grpc.testing import ManualClock
