@@ -23,7 +23,8 @@ STORE_KINDS = ("sqlite", "memory", "redis")
 DEFAULT_KINDS = ("sqlite", "memory")
 """The kinds a suite runs on unless ``GENRM_TEST_STORES`` (comma-separated) names others.
 
-The suites listed in ``EVERY_KIND_BY_DEFAULT`` (server, security, fuzz) run on Redis too:
+The suites listed in ``EVERY_KIND_BY_DEFAULT`` (server, security, fuzz, the one-process
+e2e protocol tests) run on Redis too:
 over the replica runtime, each member decided on its group as Redis holds it. The other
 store-parametrized tests start their own processes and choose their kinds themselves.
 """
@@ -31,7 +32,16 @@ store-parametrized tests start their own processes and choose their kinds themse
 
 #: Suites that pass on every kind, Redis included, and so run on all three by default
 #: (paths relative to the repository; ``GENRM_TEST_STORES`` still overrides).
-EVERY_KIND_BY_DEFAULT = ("tests/server/", "tests/security/", "tests/fuzz/")
+EVERY_KIND_BY_DEFAULT = (
+    "tests/server/",
+    "tests/security/",
+    "tests/fuzz/",
+    # The e2e protocol tests that need one server process.
+    "tests/e2e/test_burst.py",
+    "tests/e2e/test_stream_backpressure.py",
+    "tests/e2e/test_stream_isolation_process.py",
+    "tests/e2e/test_principals_process.py",
+)
 
 
 def _defaults(metafunc: pytest.Metafunc) -> tuple[str, ...]:

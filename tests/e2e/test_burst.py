@@ -12,6 +12,7 @@ the fake judge process, one client channel.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,8 @@ from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from tests.e2e.support import running
 from tests.judge.processes import FakeJudgeProcess, RestartableServer
 
-pytestmark = pytest.mark.e2e
+# On each kind of store (tests/store_kinds.py): the server process inherits GENRM_STORE.
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("store_of_kind")]
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])
 GROUPS = 256
@@ -67,7 +69,7 @@ def test_a_burst_of_4096_concurrent_members_on_one_channel_all_get_their_rewards
     judge: FakeJudgeProcess, tmp_path: Path
 ) -> None:
     server = RestartableServer(
-        f"sqlite:///{tmp_path / 'cohorts.db'}",
+        os.environ["GENRM_STORE"],
         judge.url,
         tmp_path / "server.log",
         GENRM_JUDGE_MAX_CONCURRENCY="64",

@@ -12,7 +12,8 @@ from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 
 from genrm_grpc.demo import running_stack
 
-pytestmark = pytest.mark.e2e
+# On each kind of store (tests/store_kinds.py): the server process inherits GENRM_STORE.
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("store_of_kind")]
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])
 ALICE = (("authorization", "Bearer alice-e2e-token"),)

@@ -18,7 +18,8 @@ import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 
-pytestmark = pytest.mark.e2e
+# On each kind of store (tests/store_kinds.py): the server process inherits GENRM_STORE.
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("store_of_kind")]
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Say something.")])
 #: One-member groups complete at once without a judge call; long ids make every event

@@ -12,7 +12,8 @@ import grpc
 import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 
-pytestmark = pytest.mark.e2e
+# On each kind of store (tests/store_kinds.py): the server process inherits GENRM_STORE.
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("store_of_kind")]
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Say something.")])
 GARBAGE = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length-delimited, absurd length
