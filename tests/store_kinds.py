@@ -24,8 +24,8 @@ DEFAULT_KINDS = ("sqlite", "memory")
 """The kinds a suite runs on unless ``GENRM_TEST_STORES`` (comma-separated) names others.
 
 The suites listed in ``EVERY_KIND_BY_DEFAULT`` (server, security, fuzz, the one-process
-e2e protocol tests) run on Redis too:
-over the replica runtime, each member decided on its group as Redis holds it. The other
+e2e protocol tests) run on Redis too,
+over the replica runtime: each member decided on its group as Redis holds it. The other
 store-parametrized tests start their own processes and choose their kinds themselves.
 """
 
