@@ -43,7 +43,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from genrm_grpc.cohort.model import (
@@ -340,65 +340,27 @@ class ReplicaRuntime(CohortRuntime):
         Returns False when ``fence`` was no longer the evaluation's lease (nothing written).
         """
         for attempt in range(MAX_COMMIT_ATTEMPTS):
-            cached = self._states.pop(key, None)
-            if cached is not None:
-                # The state this replica's own last commit left: no read. Should another
-                # replica have changed the group since, the version check refuses the
-                # commit and the group is read as usual.
-                state, registry = cached
-                now = time.time()
-                if self.registry.draining:
-                    registry.start_draining()
-            else:
-                state = await self.shared.load(key)
-                registry, now = self._scratch(state)
-            state = dataclasses.replace(
-                state, known_active=frozenset(c.key for c in registry.active_cohorts())
-            )
-            decisions: list[Decision | _Stale | Exception] = []
-            records: list[Record] = []
-            ended: list[Cohort] = []
-            frozen: Cohort | None = None
-            for op in ops:
-                try:
-                    decision = op.event(registry, now)
-                except Exception as exc:  # one member's bug must not fail its neighbours
-                    log.exception("deciding an event of cohort %s failed", key)
-                    decisions.append(exc)
-                    continue
-                decisions.append(decision)
-                if decision is None or isinstance(decision, _Stale):
-                    continue
-                records.extend(decision.records)
-                if isinstance(decision, SubmitDecision):
-                    ended.extend(decision.ended)
-                    if decision.frozen:
-                        frozen = decision.cohort
-                else:
-                    ended.extend(decision)
+            state, registry, now, cached = await self._state_of(key)
+            done = _decide_ops(key, ops, registry, now)
             # Nothing to commit, so no version check: make sure the state decided on is
             # still the group's (an answer from a stale state would be wrong).
-            if (
-                not records
-                and cached is not None
-                and await self.shared.version(key) != state.version
-            ):
+            if not done.records and cached and await self.shared.version(key) != state.version:
                 self._unshare(key)
                 continue
             token = 0
             started = [
                 r.key
-                for r in records
+                for r in done.records
                 if isinstance(r, CohortRecord) and r.key not in state.active_keys
             ]
             collect: CohortKey | None = None
-            if records:
-                collect, grown = self._eagerly(records, started, ended, frozen)
+            if done.records:
+                collect, grown = self._eagerly(done.records, started, done.ended, done.frozen)
                 committed = await self.shared.commit(
                     state,
-                    records,
-                    ended=[_mailbox(cohort, now) for cohort in ended],
-                    evaluate=frozen.key if frozen is not None else None,
+                    done.records,
+                    ended=[_mailbox(cohort, now) for cohort in done.ended],
+                    evaluate=done.frozen.key if done.frozen is not None else None,
                     collect=collect,
                     grown=grown,
                     fence=fence,
@@ -406,41 +368,62 @@ class ReplicaRuntime(CohortRuntime):
                 if committed.lease_lost:
                     return False
                 if not committed.written:
-                    if cached is not None:
+                    if cached:
                         self._unshare(key)
                     await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 20)))
                     continue
                 token = committed.token
                 state = dataclasses.replace(state, version=str(int(state.version) + 1))
-            if key not in self._shared_keys and not any(
-                isinstance(result, Exception) for result in decisions
-            ):
-                self._states[key] = (state, registry)
-                if len(self._states) > STATE_CACHE:
-                    self._states.popitem(last=False)
-            for started_key in dict.fromkeys(started):
-                self._observer.cohort_started(started_key)
-            for cohort in ended:
-                assert cohort.outcome is not None
-                self._log_outcome(cohort, cohort.outcome, self._waiting(cohort.key))
-                self._end_here(cohort.key, _mailbox(cohort, now))
-            if frozen is not None and token:
-                self._evaluate_here(frozen.key, self.shared.lease_for(frozen.key, token))
-            elif token and collect is not None:
-                # The cohort is judged here as its members arrive, wherever they do.
-                self._evaluate_here(collect, self.shared.lease_for(collect, token))
-            for op, result in zip(ops, decisions, strict=True):
-                if op.future.done():
-                    continue
-                if isinstance(result, Exception):
-                    op.future.set_exception(result)
-                    op.future.exception()
-                else:
-                    op.future.set_result(result)
+            self._keep_state(key, state, registry, done)
+            self._carry_out(done, started, now)
+            evaluate = done.frozen.key if done.frozen is not None else collect
+            if token and evaluate is not None:
+                # Frozen here, or (eager) created here: judged here, wherever members arrive.
+                self._evaluate_here(evaluate, self.shared.lease_for(evaluate, token))
+            _answer(ops, done.decisions)
             return True
         raise StoreError(
             f"cohort {key}: its group changed under {MAX_COMMIT_ATTEMPTS} decisions in a row"
         )
+
+    async def _state_of(self, key: CohortKey) -> tuple[GroupState, CohortRegistry, float, bool]:
+        """The group to decide on, in a one-group registry; True when it is the state this
+        replica's own last commit left (no read: should another replica have changed the
+        group since, the version check refuses the commit and the group is read)."""
+        cached = self._states.pop(key, None)
+        if cached is not None:
+            state, registry = cached
+            now = time.time()
+            if self.registry.draining:
+                registry.start_draining()
+        else:
+            state = await self.shared.load(key)
+            registry, now = self._scratch(state)
+        state = dataclasses.replace(
+            state, known_active=frozenset(c.key for c in registry.active_cohorts())
+        )
+        return state, registry, now, cached is not None
+
+    def _keep_state(
+        self, key: CohortKey, state: GroupState, registry: CohortRegistry, done: _Decided
+    ) -> None:
+        """Remember the committed state for the next decision on ``key`` (no read then),
+        unless other replicas write the group too or a decision raised."""
+        if key in self._shared_keys or any(isinstance(r, Exception) for r in done.decisions):
+            return
+        self._states[key] = (state, registry)
+        if len(self._states) > STATE_CACHE:
+            self._states.popitem(last=False)
+
+    def _carry_out(self, done: _Decided, started: list[CohortKey], now: float) -> None:
+        """What a committed decision means here: started cohorts counted, ended ones
+        logged and handed to this replica's waiters."""
+        for started_key in dict.fromkeys(started):
+            self._observer.cohort_started(started_key)
+        for cohort in done.ended:
+            assert cohort.outcome is not None
+            self._log_outcome(cohort, cohort.outcome, self._waiting(cohort.key))
+            self._end_here(cohort.key, _mailbox(cohort, now))
 
     def _eagerly(
         self,
@@ -652,8 +635,7 @@ class ReplicaRuntime(CohortRuntime):
             eager = self.config.judge_schedule == "eager"
             if eager and entry is not None and entry.header.phase is Phase.COLLECTING:
                 live = self._adopt(key, entry)
-                live.lease = lease
-                keeper = self._own(self._keep_lease(live, key), name=f"lease {key}")
+                keeper = self._hold(live, key, lease)
                 entry, verdicts = await self._collect_eagerly(key, live, entry, verdicts)
             if entry is None or entry.header.phase is not Phase.EVALUATING:
                 await self._hand_off(key, lease)
@@ -661,45 +643,12 @@ class ReplicaRuntime(CohortRuntime):
                     await self.shared.forget(key)
                 return
             live = self._adopt(key, entry)
-            cohort = live.cohort
-            if not allows(cohort.phase, PhaseEvent.JUDGED):
+            if not allows(live.cohort.phase, PhaseEvent.JUDGED):
                 return
             if keeper is None:
-                live.lease = lease
-                keeper = self._own(self._keep_lease(live, key), name=f"lease {key}")
+                keeper = self._hold(live, key, lease)
             self._resume.extend(verdicts)
-            tasks = []
-            for job in self._plan.all_passes(cohort.group_size):
-                tasks.append(self._start_pair(live, job))
-                if len(tasks) % START_SLICE == 0:
-                    await asyncio.sleep(0)
-            event: Event
-            try:
-                results = await all_or_first_error(tasks)
-            except JudgeFailedError as exc:
-                reason, reused, resumed = exc.reason, live.reused, live.resumed
-
-                def event(reg: CohortRegistry, now: float) -> Decision:
-                    active = reg.active(key)
-                    if active is None:
-                        return None
-                    return reg.judge_failed(active, reason, now, reused=reused, resumed=resumed)
-
-            else:
-                try:
-                    outcome: Completed | str = self._score(cohort, results, live)
-                except Exception as exc:
-                    log.exception("aggregation of cohort %s failed", key)
-                    outcome = f"aggregation failed: {exc}"
-
-                def event(reg: CohortRegistry, now: float) -> Decision:
-                    active = reg.active(key)
-                    if active is None:
-                        return None
-                    if isinstance(outcome, str):
-                        return reg.aggregation_failed(active, outcome, now)
-                    return reg.evaluation_finished(active, outcome, now)
-
+            event = await self._judged(key, live)
             # The verdicts first, then the outcome: a commit that ends the cohort drops
             # its lease, and a journal write arriving after it would be refused (and a
             # later attempt of the group could not reuse that verdict).
@@ -721,6 +670,48 @@ class ReplicaRuntime(CohortRuntime):
             if keeper is not None:
                 keeper.cancel()
             self._resume.drop(key)
+
+    def _hold(self, live: Live, key: CohortKey, lease: Lease) -> asyncio.Task[None]:
+        """Judge ``key`` under ``lease`` from here, renewing it until the task is cancelled."""
+        live.lease = lease
+        return self._own(self._keep_lease(live, key), name=f"lease {key}")
+
+    async def _judged(self, key: CohortKey, live: Live) -> Event:
+        """Every pass of the frozen cohort judged (or resumed, or reused): the event that
+        ends its evaluation, masked when the judge failed."""
+        cohort = live.cohort
+        tasks = []
+        for job in self._plan.all_passes(cohort.group_size):
+            tasks.append(self._start_pair(live, job))
+            if len(tasks) % START_SLICE == 0:
+                await asyncio.sleep(0)
+        try:
+            results = await all_or_first_error(tasks)
+        except JudgeFailedError as exc:
+            reason, reused, resumed = exc.reason, live.reused, live.resumed
+
+            def failed(reg: CohortRegistry, now: float) -> Decision:
+                active = reg.active(key)
+                if active is None:
+                    return None
+                return reg.judge_failed(active, reason, now, reused=reused, resumed=resumed)
+
+            return failed
+        try:
+            outcome: Completed | str = self._score(cohort, results, live)
+        except Exception as exc:
+            log.exception("aggregation of cohort %s failed", key)
+            outcome = f"aggregation failed: {exc}"
+
+        def finished(reg: CohortRegistry, now: float) -> Decision:
+            active = reg.active(key)
+            if active is None:
+                return None
+            if isinstance(outcome, str):
+                return reg.aggregation_failed(active, outcome, now)
+            return reg.evaluation_finished(active, outcome, now)
+
+        return finished
 
     async def _fail_evaluation(self, key: CohortKey, reason: str, lease: Lease) -> None:
         def event(reg: CohortRegistry, now: float) -> Decision:
@@ -830,6 +821,49 @@ class ReplicaRuntime(CohortRuntime):
         log.warning("the store %s is %s", self.shared.address, "back" if available else "down")
         if self._on_store_health is not None:
             await self._on_store_health(available)
+
+
+@dataclass(slots=True)
+class _Decided:
+    """The ops of one round on one group, decided: each op's result, and what to commit."""
+
+    decisions: list[Decision | _Stale | Exception] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    ended: list[Cohort] = field(default_factory=list)
+    frozen: Cohort | None = None
+
+
+def _decide_ops(key: CohortKey, ops: list[_Op], registry: CohortRegistry, now: float) -> _Decided:
+    done = _Decided()
+    for op in ops:
+        try:
+            decision = op.event(registry, now)
+        except Exception as exc:  # one member's bug must not fail its neighbours
+            log.exception("deciding an event of cohort %s failed", key)
+            done.decisions.append(exc)
+            continue
+        done.decisions.append(decision)
+        if decision is None or isinstance(decision, _Stale):
+            continue
+        done.records.extend(decision.records)
+        if isinstance(decision, SubmitDecision):
+            done.ended.extend(decision.ended)
+            if decision.frozen:
+                done.frozen = decision.cohort
+        else:
+            done.ended.extend(decision)
+    return done
+
+
+def _answer(ops: list[_Op], decisions: list[Decision | _Stale | Exception]) -> None:
+    for op, result in zip(ops, decisions, strict=True):
+        if op.future.done():
+            continue
+        if isinstance(result, Exception):
+            op.future.set_exception(result)
+            op.future.exception()
+        else:
+            op.future.set_result(result)
 
 
 def _mailbox(cohort: Cohort, now: float) -> Tombstone:
