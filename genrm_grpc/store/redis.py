@@ -708,76 +708,93 @@ class RedisStore:
 
     def encode_ops(self, records: Sequence[Record]) -> tuple[list[str], list[str | bytes | int]]:
         """The keys and arguments of ``apply_ops`` that write ``records``."""
-        keys = self._keys
         names: list[str] = []
         args: list[str | bytes | int] = []
         for record in records:
-            if isinstance(record, MemberRecord):
-                coords = _coords_json(record.coords)
-                member = [coords, record.digest, record.texts.reasoning, record.texts.answer]
-                slot = record.coords.rollout_index
-                name = keys.cohort(record.key)
-                # ``d:`` repeats coordinates and digest without the texts: what a replica
-                # reads to decide about a group (genrm_grpc.store.shared).
-                names += [name, name]
-                args += ["H", f"m:{slot}", _ascii_json(member)]
-                args += ["H", f"d:{slot}", _ascii_json([coords, record.digest])]
-            elif isinstance(record, VerdictRecord):
-                cohort = record.cohort
-                if record.scope is not None and record.scope != cohort.group_scope:
-                    raise ValueError(
-                        f"a verdict's scope {record.scope!r} is not its cohort's group scope"
-                    )
-                names += [keys.verdicts(cohort), keys.reuse(cohort)]
-                args += [
-                    "V",
-                    f"{record.response_i}:{record.response_j}:{record.judge_index}",
-                    _verdict_json(record),
-                    _verdict_question(record) or "",
-                    _key_text(cohort),
-                    _reuse_entry(record),
-                ]
-            elif isinstance(record, CohortRecord):
-                header = [
-                    record.seq,
-                    record.group_size,
-                    _prompt_json(record.prompt),
-                    record.prompt_digest,
-                    record.phase.value,
-                    record.created_at,
-                    record.collection_deadline,
-                    record.evaluation_deadline,
-                    record.follows_attempt,
-                ]
-                names.append(keys.cohort(record.key))
-                args += ["H", "h", _ascii_json(header)]
-            elif isinstance(record, DropCohort):
-                names.append(keys.cohort(record.key))
-                args.append("D")
-                if not record.keep_verdicts:
-                    names += [keys.verdicts(record.key), keys.reuse(record.key)]
-                    args += ["X", _key_text(record.key)]
-            elif isinstance(record, TombstoneRecord):
-                tomb = record.tombstone
-                names += [keys.tombstone(tomb.key), keys.verdicts(tomb.key), keys.reuse(tomb.key)]
-                names.append(keys.tombstone_index)
-                value = _EXPIRY.pack(record.expires_at) + tomb.record()
-                now_ms = _pxat(time.time())
-                args += ["T", value, _pxat(record.expires_at), self.max_tombstones, now_ms]
-            elif isinstance(record, DropTombstone):
-                names += [keys.tombstone(record.key), keys.tombstone_index]
-                names += [keys.verdicts(record.key), keys.reuse(record.key)]
-                args += ["U", "X", _key_text(record.key)]
-            elif isinstance(record, WatermarkRecord):
-                text = f"{record.expires_at!r} {record.scope}".encode("utf-8", "surrogatepass")
-                names += [keys.watermark(record.scope), keys.watermark_index]
-                args += ["W", record.attempt, text, _pxat(record.expires_at)]
-            elif isinstance(record, DropWatermark):
-                names += [keys.watermark(record.scope), keys.watermark_index]
-                args.append("U")
-            else:
+            if not self._cohort_ops(record, names, args) and not self._retention_ops(
+                record, names, args
+            ):
                 raise TypeError(f"not a store record: {record!r}")
         return names, args
+
+    def _cohort_ops(self, record: Record, names: list[str], args: list[str | bytes | int]) -> bool:
+        """A member, verdict, header or dropped cohort's ops; False for other records."""
+        keys = self._keys
+        if isinstance(record, MemberRecord):
+            coords = _coords_json(record.coords)
+            member = [coords, record.digest, record.texts.reasoning, record.texts.answer]
+            slot = record.coords.rollout_index
+            name = keys.cohort(record.key)
+            # ``d:`` repeats coordinates and digest without the texts: what a replica
+            # reads to decide about a group (genrm_grpc.store.shared).
+            names += [name, name]
+            args += ["H", f"m:{slot}", _ascii_json(member)]
+            args += ["H", f"d:{slot}", _ascii_json([coords, record.digest])]
+        elif isinstance(record, VerdictRecord):
+            cohort = record.cohort
+            if record.scope is not None and record.scope != cohort.group_scope:
+                raise ValueError(
+                    f"a verdict's scope {record.scope!r} is not its cohort's group scope"
+                )
+            names += [keys.verdicts(cohort), keys.reuse(cohort)]
+            args += [
+                "V",
+                f"{record.response_i}:{record.response_j}:{record.judge_index}",
+                _verdict_json(record),
+                _verdict_question(record) or "",
+                _key_text(cohort),
+                _reuse_entry(record),
+            ]
+        elif isinstance(record, CohortRecord):
+            header = [
+                record.seq,
+                record.group_size,
+                _prompt_json(record.prompt),
+                record.prompt_digest,
+                record.phase.value,
+                record.created_at,
+                record.collection_deadline,
+                record.evaluation_deadline,
+                record.follows_attempt,
+            ]
+            names.append(keys.cohort(record.key))
+            args += ["H", "h", _ascii_json(header)]
+        elif isinstance(record, DropCohort):
+            names.append(keys.cohort(record.key))
+            args.append("D")
+            if not record.keep_verdicts:
+                names += [keys.verdicts(record.key), keys.reuse(record.key)]
+                args += ["X", _key_text(record.key)]
+        else:
+            return False
+        return True
+
+    def _retention_ops(
+        self, record: Record, names: list[str], args: list[str | bytes | int]
+    ) -> bool:
+        """A tombstone or watermark's ops (written or dropped); False for other records."""
+        keys = self._keys
+        if isinstance(record, TombstoneRecord):
+            tomb = record.tombstone
+            names += [keys.tombstone(tomb.key), keys.verdicts(tomb.key), keys.reuse(tomb.key)]
+            names.append(keys.tombstone_index)
+            value = _EXPIRY.pack(record.expires_at) + tomb.record()
+            now_ms = _pxat(time.time())
+            args += ["T", value, _pxat(record.expires_at), self.max_tombstones, now_ms]
+        elif isinstance(record, DropTombstone):
+            names += [keys.tombstone(record.key), keys.tombstone_index]
+            names += [keys.verdicts(record.key), keys.reuse(record.key)]
+            args += ["U", "X", _key_text(record.key)]
+        elif isinstance(record, WatermarkRecord):
+            text = f"{record.expires_at!r} {record.scope}".encode("utf-8", "surrogatepass")
+            names += [keys.watermark(record.scope), keys.watermark_index]
+            args += ["W", record.attempt, text, _pxat(record.expires_at)]
+        elif isinstance(record, DropWatermark):
+            names += [keys.watermark(record.scope), keys.watermark_index]
+            args.append("U")
+        else:
+            return False
+        return True
 
     def _fenced(
         self, names: list[str], args: list[str | bytes | int], lease: Lease | None

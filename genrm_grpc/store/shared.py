@@ -354,37 +354,12 @@ class SharedGroups:
                 args=[*heads, tail, str(key.attempt), f"p:{key.principal}"],
             ),
         )
-        version, watermark, total, principal, fields, tomb, newest, newest_fields, newest_tomb = raw
-        cohorts: list[RecoveredCohort] = []
-        tombstones: list[TombstoneRecord] = []
-        watermarks = []
-        now = time.time()
-        if watermark:
-            mark_record = decode_watermark(watermark)
-            if mark_record.expires_at > now:
-                watermarks.append(mark_record)
-        for cohort_key, cohort_fields, tomb_value in (
-            (key, fields, tomb),
-            (
-                None if not newest else CohortKey(key.group_id, None, int(newest), key.principal),
-                newest_fields,
-                newest_tomb,
-            ),
-        ):
-            if cohort_key is None:
-                continue
-            cohort = _digest_cohort(cohort_key, cohort_fields)
-            if cohort is not None:
-                cohorts.append(cohort)
-            if tomb_value:
-                record = decode_tombstone(tomb_value)
-                if record.expires_at > now:
-                    tombstones.append(record)
+        version, _mark, total, principal, *_ = raw
         self.stats.active_seen = int(total)
         return GroupState(
             key=key,
             version=_text(version),
-            recovered=Recovered(tuple(cohorts), tuple(tombstones), tuple(watermarks)),
+            recovered=_digest_group(key, raw, time.time()),
             active_total=int(total),
             active_principal=int(principal),
         )
@@ -477,29 +452,7 @@ class SharedGroups:
         key = state.key
         names, args = self.store.encode_ops(records)
         now = time.time()
-        before = state.active_keys
-        created: set[CohortKey] = set()
-        for record in records:
-            if isinstance(record, CohortRecord):
-                member = _key_text(record.key)
-                deadline = (
-                    record.evaluation_deadline
-                    if record.phase is Phase.EVALUATING and record.evaluation_deadline is not None
-                    else record.collection_deadline
-                )
-                names.append(self._deadlines)
-                args += ["Z", _ms(deadline), member]
-                if record.key not in before and record.key not in created:
-                    created.add(record.key)
-                    names += [self._counts, self._counts]
-                    args += ["I", "*", 1, "I", f"p:{record.key.principal}", 1]
-            elif isinstance(record, DropCohort):
-                member = _key_text(record.key)
-                names += [self._deadlines, self._evaluations, self.lease_key(record.key)]
-                args += ["R", member, "R", member, "D"]
-                if record.key in before or record.key in created:
-                    names += [self._counts, self._counts]
-                    args += ["I", "*", -1, "I", f"p:{record.key.principal}", -1]
+        self._index_ops(records, state.active_keys, names, args)
         for tomb in ended:
             names.append(self.mailbox_key(tomb.key))
             args += ["S", tomb.record(), _ms(now + MAILBOX_TTL_S)]
@@ -536,6 +489,38 @@ class SharedGroups:
             self.stats.leases_lost += 1
             return Committed(False, lease_lost=True)
         return Committed(True, token=token)
+
+    def _index_ops(
+        self,
+        records: Sequence[Record],
+        before: frozenset[CohortKey],
+        names: list[str],
+        args: list[Any],
+    ) -> None:
+        """The deployment-wide indexes a commit of ``records`` keeps: each active
+        cohort's next deadline, and the active counts (a cohort created or dropped)."""
+        created: set[CohortKey] = set()
+        for record in records:
+            if isinstance(record, CohortRecord):
+                member = _key_text(record.key)
+                deadline = (
+                    record.evaluation_deadline
+                    if record.phase is Phase.EVALUATING and record.evaluation_deadline is not None
+                    else record.collection_deadline
+                )
+                names.append(self._deadlines)
+                args += ["Z", _ms(deadline), member]
+                if record.key not in before and record.key not in created:
+                    created.add(record.key)
+                    names += [self._counts, self._counts]
+                    args += ["I", "*", 1, "I", f"p:{record.key.principal}", 1]
+            elif isinstance(record, DropCohort):
+                member = _key_text(record.key)
+                names += [self._deadlines, self._evaluations, self.lease_key(record.key)]
+                args += ["R", member, "R", member, "D"]
+                if record.key in before or record.key in created:
+                    names += [self._counts, self._counts]
+                    args += ["I", "*", -1, "I", f"p:{record.key.principal}", -1]
 
     # ------------------------------------------------------------------ evaluation leases
     def lease_for(self, key: CohortKey, token: int, taken_at: float | None = None) -> Lease:
@@ -652,6 +637,34 @@ class SharedGroups:
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
                 except (*_UNAVAILABLE, RedisError):
                     pass
+
+
+def _digest_group(key: CohortKey, raw: Sequence[Any], now: float) -> Recovered:
+    """The group a read returned: ``key``'s cohort and tombstone, the newest attempt's,
+    and the watermark, as unexpired records."""
+    _version, watermark, _total, _principal, fields, tomb, newest, newest_fields, newest_tomb = raw
+    cohorts: list[RecoveredCohort] = []
+    tombstones: list[TombstoneRecord] = []
+    watermarks = []
+    if watermark:
+        mark_record = decode_watermark(watermark)
+        if mark_record.expires_at > now:
+            watermarks.append(mark_record)
+    newest_key = None if not newest else CohortKey(key.group_id, None, int(newest), key.principal)
+    for cohort_key, cohort_fields, tomb_value in (
+        (key, fields, tomb),
+        (newest_key, newest_fields, newest_tomb),
+    ):
+        if cohort_key is None:
+            continue
+        cohort = _digest_cohort(cohort_key, cohort_fields)
+        if cohort is not None:
+            cohorts.append(cohort)
+        if tomb_value:
+            record = decode_tombstone(tomb_value)
+            if record.expires_at > now:
+                tombstones.append(record)
+    return Recovered(tuple(cohorts), tuple(tombstones), tuple(watermarks))
 
 
 def _digest_cohort(key: CohortKey, flat: Sequence[bytes]) -> RecoveredCohort | None:
