@@ -44,6 +44,7 @@ from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, Submi
 from genrm_grpc.judge.client import (
     JudgeFailedError,
     JudgeInput,
+    JudgeOutcome,
     JudgeProgress,
     TokenUsage,
 )
@@ -674,30 +675,7 @@ class CohortRuntime:
                 raise
         if question is not None:
             # Journaled the moment it finished: a restart resumes without this call.
-            context, first, second = question
-            scope = cohort.key.group_scope
-            usage = out.usage
-            self._journal(
-                live,
-                [
-                    VerdictRecord(
-                        cohort=cohort.key,
-                        scope=scope,
-                        context=context,
-                        first=first,
-                        second=second,
-                        judge_index=job.judge_index,
-                        swap=job.swap,
-                        response_i=job.i,
-                        response_j=job.j,
-                        verdict=out.verdict,
-                        usage=None
-                        if usage is None
-                        else (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens),
-                        finished_at=time.time(),
-                    )
-                ],
-            )
+            self._journal(live, [_verdict_record(cohort.key, job, question, out)])
         self._progress(live, job)
         return PairResult(JudgedPair(job.i, job.j, job.judge_index, out.verdict), out.usage)
 
@@ -962,3 +940,27 @@ class CohortRuntime:
                 fields["reason"] = reason
             log.log(level, message, extra=fields)
         self._observer.cohort_finished(cohort.key, kind, age_s)
+
+
+def _verdict_record(
+    key: CohortKey, job: Pass, question: tuple[str, str, str], out: JudgeOutcome
+) -> VerdictRecord:
+    """The journal entry of a pass the judge answered (the question it was asked)."""
+    context, first, second = question
+    usage = out.usage
+    return VerdictRecord(
+        cohort=key,
+        scope=key.group_scope,
+        context=context,
+        first=first,
+        second=second,
+        judge_index=job.judge_index,
+        swap=job.swap,
+        response_i=job.i,
+        response_j=job.j,
+        verdict=out.verdict,
+        usage=None
+        if usage is None
+        else (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens),
+        finished_at=time.time(),
+    )
