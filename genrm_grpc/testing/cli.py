@@ -23,8 +23,8 @@ from genrm_grpc.testing.faults import (
     FAULT_KINDS,
     FakeJudgeConfig,
 )
+from genrm_grpc.testing.inprocess import FakeJudgeServer
 from genrm_grpc.testing.node import HEALTH_CHOICES, MODES, NodeConfig
-from genrm_grpc.testing.server import FakeJudgeServer
 
 DEFAULT_PORT = 8000
 """The port ``judge.url`` names by default, so the two meet without flags."""
