@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from genrm_grpc.judge.budget import AdaptiveBudget, TokenLedger
     from genrm_grpc.judge.endpoint import Endpoint
     from genrm_grpc.judge.farm import Farm
-    from genrm_grpc.runtime.engine import Census, CohortRuntime
+    from genrm_grpc.runtime.engine import CohortRuntime
+    from genrm_grpc.runtime.live import Census
 
 
 class TokenCollector(Collector):
