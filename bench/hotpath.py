@@ -3,7 +3,7 @@
 ``python -m bench.hotpath [--members N] [--repeats R] [--profile CASE]`` drives the
 server's own ``CohortServicer`` (built by ``CohortServer`` from ``Settings``, store
 ``memory://``) the way grpc.aio would, minus gRPC: ``SubmitMember`` is awaited with a
-stand-in servicer context, a StreamGroups stream runs ``_GroupStream`` over an async
+stand-in servicer context, a StreamGroups stream runs ``GroupStream`` over an async
 iterator of requests with a list as its writer. The judge is ``bench.service``'s
 in-process ``InstantJudge``, so no HTTP either. What is left is the work a member costs
 in the service's own code: validation and digests, the registry, the runtime's waiters,
@@ -35,7 +35,7 @@ from bench.loadgen import group_requests
 from bench.service import InstantJudge
 from genrm_grpc.config import Settings
 from genrm_grpc.server.app import CohortServer
-from genrm_grpc.server.servicer import _GroupStream
+from genrm_grpc.server.group_stream import GroupStream
 
 ANSWER_BYTES = 2048
 CASES = ("submit-1", "stream-1", "submit-16", "stream-16")
@@ -82,7 +82,7 @@ def _driver(server: CohortServer, case: str) -> Callable[[list[Any]], Awaitable[
         async def write(event: pb.StreamGroupsResponse) -> None:
             events.append(event)
 
-        await _GroupStream(servicer, requests(), "bench", "").run(write)
+        await GroupStream(servicer, requests(), "bench", "").run(write)
         return events
 
     return submit if case.startswith("submit") else stream

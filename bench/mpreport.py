@@ -522,8 +522,10 @@ def profile_section(out: dict[str, Any]) -> str:
         "generator drives it: only samples of the thread holding the GIL, i.e. Python "
         "work (native time inside grpcio's Cython core is charged to the Python line that "
         "called it, e.g. `context.write`, `async for request`). A sample counts for the "
-        "judge HTTP client when its stack holds a frame of `genrm_grpc/judge/client.py` or "
-        "of its HTTP library, for the service code when it holds another project frame.",
+        "judge HTTP client when its stack holds a frame of `genrm_grpc/judge/client.py` (or "
+        "of the modules it is split into: `transport.py`, `wire.py`, `attempts.py`, "
+        "`checks.py`, `texts.py`, `sse.py`) or of its HTTP library, for the service code "
+        "when it holds another project frame.",
     ]
     if "error" in prof:
         return "\n".join([*lines, "", f"py-spy failed: {prof['error']}"])

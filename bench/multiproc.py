@@ -703,9 +703,18 @@ def _frame(frame: str) -> str:
 _HTTP_CLIENT = ("httpx/", "httpcore/", "anyio/", "h11/", "aiohttp/", "tenacity/")
 
 
+#: The modules of the judge HTTP client (``judge/client.py`` and the parts it is split
+#: into): a hedged request runs in a task of its own, whose stack holds no client.py frame.
+_JUDGE_CLIENT = tuple(
+    f"(genrm_grpc/judge/{name}.py"
+    for name in ("client", "transport", "wire", "attempts", "checks", "texts", "sse")
+)
+
+
 def _category(frames: Sequence[str]) -> str:
     if any(
-        "(genrm_grpc/judge/client.py" in f or f.partition(" (")[2].startswith(_HTTP_CLIENT)
+        any(module in f for module in _JUDGE_CLIENT)
+        or f.partition(" (")[2].startswith(_HTTP_CLIENT)
         for f in frames
     ):
         return "judge HTTP client (genrm_grpc/judge/client.py and its HTTP library)"

@@ -10,8 +10,12 @@ import pathlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from genrm_grpc.config import ConfigError, load_settings
+
+if TYPE_CHECKING:
+    import grpc
 
 #: The gRPC service whose health ``genrm-grpc health`` reports by default (the server's
 #: ``SERVICE_NAME``; spelled out so that the command does not load the protobuf modules).
@@ -47,7 +51,7 @@ _JUDGE_FLAGS: tuple[tuple[str, str, type], ...] = (
 )
 
 
-def _serve(argv: list[str]) -> int:
+def _serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="genrm-grpc serve",
         description="Run the gRPC server. Settings: flags > GENRM_* env > --config YAML > "
@@ -72,13 +76,23 @@ def _serve(argv: list[str]) -> int:
             metavar=kind.__name__.upper(),
             help=f"overrides judge.{dest} (env GENRM_JUDGE__{dest.upper()})",
         )
-    args = parser.parse_args(argv)
-    top = {dest: getattr(args, f"opt_{dest}") for _, dest, _ in _FLAGS}
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags given, as ``load_settings`` overrides (None: not given)."""
+    top: dict[str, Any] = {dest: getattr(args, f"opt_{dest}") for _, dest, _ in _FLAGS}
     judge = {dest: getattr(args, f"opt_{dest}") for _, dest, _ in _JUDGE_FLAGS}
     judge = {k: v for k, v in judge.items() if v is not None}
     if judge:
         # Sources merge per key: the rest of the judge block comes from env and YAML.
         top["judge"] = judge
+    return top
+
+
+def _serve(argv: list[str]) -> int:
+    args = _serve_parser().parse_args(argv)
+    top = _overrides(args)
     try:
         settings = load_settings(args.config, **top)
         settings.judge.api_key()
@@ -117,7 +131,7 @@ def _serve(argv: list[str]) -> int:
     return 0
 
 
-def _health(argv: list[str]) -> int:
+def _health_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="genrm-grpc health",
         description="Check grpc.health.v1: exit 0 only when the service is SERVING. By "
@@ -154,13 +168,11 @@ def _health(argv: list[str]) -> int:
     )
     parser.add_argument("--token-file", help="file holding a bearer token (the first one is used)")
     parser.add_argument("--token-env", help="environment variable holding a bearer token")
-    args = parser.parse_args(argv)
+    return parser
 
-    import os
 
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+def _health(argv: list[str]) -> int:
+    args = _health_parser().parse_args(argv)
     if (args.cert_file is None) != (args.key_file is None):
         print("genrm-grpc health: --cert-file and --key-file go together", file=sys.stderr)
         return 2
@@ -172,31 +184,52 @@ def _health(argv: list[str]) -> int:
             return 2
     metadata: list[tuple[str, str]] = []
     try:
-        token = None
-        if args.token_file:
-            lines = pathlib.Path(args.token_file).read_text().split()
-            token = lines[0] if lines else None
-        elif args.token_env:
-            token = os.environ.get(args.token_env, "").split(",")[0].strip() or None
+        token = _health_token(args)
         if (args.token_file or args.token_env) and token is None:
             print("genrm-grpc health: no token in --token-file/--token-env", file=sys.stderr)
             return 2
         if token is not None:
             metadata.append(("authorization", f"Bearer {token}"))
-        secure = args.tls or args.ca_file or args.cert_file
-        options = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
-        if secure:
-            creds = grpc.ssl_channel_credentials(
-                root_certificates=_read(args.ca_file),
-                private_key=_read(args.key_file),
-                certificate_chain=_read(args.cert_file),
-            )
-            channel = grpc.secure_channel(args.server, creds, options=options)
-        else:
-            channel = grpc.insecure_channel(args.server, options=options)
+        channel = _health_channel(args)
     except OSError as exc:
         print(f"genrm-grpc health: {exc}", file=sys.stderr)
         return 2
+    return _health_check(args, channel, metadata)
+
+
+def _health_token(args: argparse.Namespace) -> str | None:
+    """The bearer token of ``--token-file`` (its first word) or ``--token-env``."""
+    import os
+
+    if args.token_file:
+        lines = pathlib.Path(args.token_file).read_text().split()
+        return lines[0] if lines else None
+    if args.token_env:
+        return os.environ.get(args.token_env, "").split(",")[0].strip() or None
+    return None
+
+
+def _health_channel(args: argparse.Namespace) -> grpc.Channel:
+    import grpc
+
+    secure = args.tls or args.ca_file or args.cert_file
+    options = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
+    if secure:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=_read(args.ca_file),
+            private_key=_read(args.key_file),
+            certificate_chain=_read(args.cert_file),
+        )
+        return grpc.secure_channel(args.server, creds, options=options)
+    return grpc.insecure_channel(args.server, options=options)
+
+
+def _health_check(
+    args: argparse.Namespace, channel: grpc.Channel, metadata: list[tuple[str, str]]
+) -> int:
+    """One ``Check`` call; the line that reports it and the exit code (0: SERVING)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     with channel:
         stub = health_pb2_grpc.HealthStub(channel)

@@ -186,6 +186,23 @@ def convert(data: Any, *, block_name: str | None = None) -> GymConversion:
     if not is_gym_config(data):
         raise GymConfigError("not a NeMo Gym config: no resources_servers block found")
     assert isinstance(data, dict)
+    wrapped, name, block = _pick_block(data, block_name)
+    out = GymConversion(settings={}, block=name)
+    others = [
+        k
+        for k, v in data.items()
+        if isinstance(v, dict) and k not in (name.split(".")[0], server_name_of(block))
+    ]
+    if wrapped and others:
+        out.notes.append("other Gym blocks ignored: " + ", ".join(others))
+    judge = _convert_judge(data, block, out)
+    settings = _convert_scoring(block, out)
+    out.settings = {"judge": judge, **settings}
+    return out
+
+
+def _pick_block(data: dict[str, Any], block_name: str | None) -> tuple[bool, str, dict[str, Any]]:
+    """Whether the file wraps its blocks, and the genrm_compare block's name and body."""
     wrapped = any(isinstance(v, dict) and "resources_servers" in v for v in data.values())
     if not wrapped:
         name, block = "(top level)", data
@@ -204,18 +221,14 @@ def convert(data: Any, *, block_name: str | None = None) -> GymConversion:
                 f"several genrm_compare blocks ({names}): choose one with --block NAME"
             )
         name, block = blocks[0]
-    out = GymConversion(settings={}, block=name)
-    others = [
-        k
-        for k, v in data.items()
-        if isinstance(v, dict) and k not in (name.split(".")[0], server_name_of(block))
-    ]
-    if wrapped and others:
-        out.notes.append("other Gym blocks ignored: " + ", ".join(others))
-    judge: dict[str, Any] = {}
-    settings: dict[str, Any] = {}
+    return wrapped, name, block
 
-    # -- the judge: model server block, then the create params
+
+def _convert_judge(
+    data: dict[str, Any], block: dict[str, Any], out: GymConversion
+) -> dict[str, Any]:
+    """The ``judge:`` block: from the model server block, then the create params."""
+    judge: dict[str, Any] = {}
     server_name = server_name_of(block)
     model_block = _model_block(data, server_name) if server_name else None
     if model_block is not None:
@@ -251,7 +264,12 @@ def convert(data: Any, *, block_name: str | None = None) -> GymConversion:
     order = ("url", "api", "model", *CREATE_PARAMS_TO_JUDGE, "api_key_env")
     judge = {key: judge[key] for key in order if key in judge}
 
-    # -- scoring and lifecycle keys
+    return judge
+
+
+def _convert_scoring(block: dict[str, Any], out: GymConversion) -> dict[str, Any]:
+    """The scoring and lifecycle keys (Gym's defaults where they differ from ours)."""
+    settings: dict[str, Any] = {}
     dropped_metadata = []
     for key, value in block.items():
         if key in ("genrm_model_server", "genrm_responses_create_params"):
@@ -294,8 +312,7 @@ def convert(data: Any, *, block_name: str | None = None) -> GymConversion:
             )
         settings["default_principle"] = principle
         out.notes.append("default_principle: Gym's built-in default, read from nemo-gym")
-    out.settings = {"judge": judge, **settings}
-    return out
+    return settings
 
 
 def server_name_of(block: dict[str, Any]) -> str | None:

@@ -8,23 +8,44 @@ executes the decisions (waiters, timers, judge tasks).
 
 Cost per event is O(1) amortised in the number of retained cohorts: lookups are
 dict lookups, and retention evicts from the old end of insertion-ordered stores.
+
+The rules are here; what a decision is, every refusal's wording and the outcomes of a
+cohort that ends without rewards are in ``cohort/decisions.py`` (``Disposition``,
+``SubmitDecision``, ``Ended``, ``failure_rejection`` and ``legacy_outcome`` re-exported
+here); the active cohorts' indexes in ``cohort/active.py``; which records a cohort
+becomes, and the cohort rebuilt from them, in ``cohort/recording.py``. What is left, a
+little over 500 lines, stays one module on purpose: every event below reads and changes
+the same state (the active cohorts, the outbox of records, the retained store), and
+together they are the one status table; cut further, a rule would be read across two
+files.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from genrm_grpc.cohort.identity import coords_metadata
+from genrm_grpc.cohort.active import ActiveCohorts
+from genrm_grpc.cohort.decisions import (
+    Disposition,
+    Ended,
+    SubmitDecision,
+    capacity_exhausted,
+    closed,
+    collection_expired,
+    evaluation_expired,
+    failure_rejection,
+    legacy_outcome,
+    mismatch,
+    principal_quota_exhausted,
+    refuse,
+    shutting_down,
+    slot_conflict,
+    terminal_decision,
+)
 from genrm_grpc.cohort.model import (
     ANONYMOUS,
-    LEGACY_RETRY_ADVICE,
-    MAX_FAILURE_REASON,
-    CandidateSpec,
     Cohort,
     CohortKey,
     Completed,
@@ -34,27 +55,42 @@ from genrm_grpc.cohort.model import (
     Outcome,
     Phase,
     Reason,
-    Rejection,
     Submission,
     Tombstone,
-    clip,
     clip_reason,
     group_scope,
     reward_problem,
 )
 from genrm_grpc.cohort.phases import Event, allows, transition
+from genrm_grpc.cohort.recording import (
+    active_records,
+    cohort_record,
+    final_records,
+    member_record,
+    restored_cohort,
+    tombstone_of,
+)
 from genrm_grpc.cohort.records import (
-    CohortRecord,
     CohortStore,
     DropCohort,
     DropTombstone,
     DropWatermark,
-    MemberRecord,
     Record,
     Recovered,
     TombstoneRecord,
     WatermarkRecord,
 )
+
+__all__ = [
+    "CohortRegistry",
+    "Disposition",
+    "Ended",
+    "RegistryView",
+    "SubmitDecision",
+    "failure_rejection",
+    "fill",
+    "legacy_outcome",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,39 +112,6 @@ class RegistryView(Protocol):
     #: Active cohorts one principal may hold (None: only ``max_active_cohorts`` applies).
     @property
     def max_active_cohorts_per_principal(self) -> int | None: ...
-
-
-class Disposition(enum.Enum):
-    ACCEPTED = "accepted"  # new slot filled
-    ATTACHED = "attached"  # identical resubmission of an active member
-    REPLAYED = "replayed"  # identical resubmission after completion
-    REJECTED = "rejected"
-
-
-@dataclass(slots=True)
-class SubmitDecision:
-    disposition: Disposition
-    cohort: Cohort | None = None
-    rejection: Rejection | None = None
-    replay: Tombstone | None = None
-    #: True when this member filled the last slot: the cohort is now evaluating.
-    frozen: bool = False
-    #: Cohorts that this submission ended (older attempts it superseded, or its own
-    #: cohort when the collection deadline had already passed). Publish their outcomes.
-    ended: list[Cohort] = field(default_factory=list)
-    #: What the decision changed, to persist before any answer that depends on it.
-    records: list[Record] = field(default_factory=list)
-
-
-class Ended(list[Cohort]):
-    """Cohorts an event ended (publish their outcomes) and the records to persist first.
-
-    Empty — and so false — when the event changed nothing (a late timer, a stale result).
-    """
-
-    def __init__(self, cohorts: list[Cohort], records: list[Record]) -> None:
-        super().__init__(cohorts)
-        self.records = records
 
 
 def fill(cohort: Cohort, evaluation_deadline: float | None) -> None:
@@ -136,11 +139,7 @@ class CohortRegistry:
     def __init__(self, config: RegistryView, store: CohortStore) -> None:
         self.config = config
         self.store = store
-        self._active: dict[CohortKey, Cohort] = {}
-        # group scope (principal + group_id) → attempts with an active cohort; makes
-        # supersession O(attempts).
-        self._active_by_group: dict[str, dict[int, Cohort]] = {}
-        self._active_by_principal: dict[str, int] = {}
+        self._active = ActiveCohorts()
         self._seq = 0
         self._draining = False
         self._warned_missing_attempt = False
@@ -151,9 +150,6 @@ class CohortRegistry:
         #: (its tombstone and the drops): the runtime sets this from the store.
         self.journal_active = True
         self._outbox: list[Record] = []
-        # Active cohorts held outside this registry (replicas: the rest of the deployment).
-        self._elsewhere = 0
-        self._elsewhere_by_principal: dict[str, int] = {}
         store.on_evict = self._evicted
 
     # ------------------------------------------------------------------ queries
@@ -168,7 +164,7 @@ class CohortRegistry:
         return self._active.get(key)
 
     def active_cohorts(self) -> list[Cohort]:
-        return list(self._active.values())
+        return self._active.cohorts()
 
     def latest_attempt(self, group_id: str, now: float, principal: str = ANONYMOUS) -> int | None:
         return self.store.watermark(group_scope(principal, group_id), now)
@@ -189,8 +185,7 @@ class CohortRegistry:
         holds only that group; the rest of the deployment's active cohorts are counted
         here so that ``max_active_cohorts`` and the per-principal quota keep their meaning.
         """
-        self._elsewhere = total
-        self._elsewhere_by_principal = dict(by_principal)
+        self._active.count_elsewhere(total, by_principal)
 
     # ------------------------------------------------------------------ events
     def submit(self, sub: Submission, now: float) -> SubmitDecision:
@@ -210,7 +205,7 @@ class CohortRegistry:
         if key.group_id is not None and scope is not None:
             latest = self.store.watermark(scope, now)
             if latest is not None and key.attempt < latest:
-                return self._reject(
+                return refuse(
                     Reason.ATTEMPT_SUPERSEDED,
                     f"group {key.group_id!r} attempt {key.attempt} was superseded by attempt "
                     f"{latest}; results of old attempts are never published",
@@ -225,9 +220,9 @@ class CohortRegistry:
                     reference.prompt_digest != sub.prompt_digest
                     or reference.group_size != sub.group_size
                 ):
-                    return self._mismatch(sub, reference.group_size, reference.prompt_digest)
+                    return mismatch(sub, reference.group_size, reference.prompt_digest)
                 if self._active.get(key) is None:
-                    older = len(self._active_by_group.get(scope, ()))
+                    older = len(self._active.attempts(scope))
                     refusal = self._new_cohort_refusal(sub, superseded=older)
                     if refusal is not None:
                         return refusal
@@ -242,7 +237,7 @@ class CohortRegistry:
             and now >= cohort.collection_deadline
         ):
             # The deadline has passed but its timer has not run yet: it wins, exactly once.
-            self._end(cohort, Event.COLLECTION_EXPIRED, self._collection_expired(cohort), now)
+            self._end_collection(cohort, now)
             ended.append(cohort)
             cohort = None
         if cohort is not None:
@@ -256,8 +251,12 @@ class CohortRegistry:
         """The collection timer fired: the cohort fails (late timers change nothing)."""
         if not allows(cohort.phase, Event.COLLECTION_EXPIRED) or now < cohort.collection_deadline:
             return None
-        self._end(cohort, Event.COLLECTION_EXPIRED, self._collection_expired(cohort), now)
+        self._end_collection(cohort, now)
         return self._ended(cohort)
+
+    def _end_collection(self, cohort: Cohort, now: float) -> None:
+        failed = collection_expired(cohort, self.config.cohort_collection_timeout_s)
+        self._end(cohort, Event.COLLECTION_EXPIRED, failed, now)
 
     def evaluation_deadline(self, cohort: Cohort, now: float) -> Ended | None:
         """The evaluation timer fired: the judge did not finish in time → masked result."""
@@ -267,11 +266,8 @@ class CohortRegistry:
             or now < cohort.evaluation_deadline
         ):
             return None
-        reason = (
-            f"judge evaluation deadline expired: cohort_evaluation_timeout_s="
-            f"{self.config.cohort_evaluation_timeout_s:g} passed before every comparison finished"
-        )
-        self._end(cohort, Event.EVALUATION_EXPIRED, Masked(reason=clip_reason(reason)), now)
+        masked = evaluation_expired(self.config.cohort_evaluation_timeout_s)
+        self._end(cohort, Event.EVALUATION_EXPIRED, masked, now)
         return self._ended(cohort)
 
     def evaluation_finished(self, cohort: Cohort, outcome: Completed, now: float) -> Ended | None:
@@ -314,7 +310,7 @@ class CohortRegistry:
         self._draining = True
 
     def fail_all(self, reason: str, now: float) -> Ended:
-        ended = list(self._active.values())
+        ended = self._active.cohorts()
         for cohort in ended:
             failed = Failed(clip_reason(reason), legacy=not cohort.key.explicit)
             self._end(cohort, Event.CANCELLED, failed, now)
@@ -326,11 +322,7 @@ class CohortRegistry:
         A drain with a durable store: the next process resumes these cohorts from their
         records, so nothing is failed and nothing is written.
         """
-        suspended = list(self._active.values())
-        self._active.clear()
-        self._active_by_group.clear()
-        self._active_by_principal.clear()
-        return suspended
+        return self._active.clear()
 
     def restore(self, recovered: Recovered, now: float) -> list[Cohort]:
         """Take back what a store held at start-up; returns the active cohorts, oldest first.
@@ -346,21 +338,7 @@ class CohortRegistry:
         restored: list[Cohort] = []
         for entry in recovered.cohorts:
             head = entry.header
-            members = {
-                m.coords.rollout_index: Member(m.coords, CandidateSpec(m.texts, m.digest))
-                for m in entry.members
-            }
-            cohort = Cohort(
-                key=head.key,
-                seq=head.seq,
-                group_size=head.group_size,
-                prompt=head.prompt,
-                prompt_digest=head.prompt_digest,
-                created_at=head.created_at - offset,
-                collection_deadline=head.collection_deadline - offset,
-                members=members,
-                follows_attempt=head.follows_attempt,
-            )
+            cohort = restored_cohort(entry, offset)
             if head.phase is Phase.EVALUATING and cohort.full:
                 # Filled before the restart: the same transition, at the stored deadline.
                 deadline = head.evaluation_deadline
@@ -371,7 +349,7 @@ class CohortRegistry:
                     else deadline - offset,
                 )
             self._seq = max(self._seq, head.seq)
-            self._index(cohort)
+            self._active.add(cohort)
             scope = cohort.key.group_scope
             if scope is not None:
                 self.store.raise_watermark(scope, cohort.key.attempt, now)
@@ -381,22 +359,22 @@ class CohortRegistry:
 
     def _submit_active(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
         if cohort.prompt_digest != sub.prompt_digest or cohort.group_size != sub.group_size:
-            return self._mismatch(sub, cohort.group_size, cohort.prompt_digest)
+            return mismatch(sub, cohort.group_size, cohort.prompt_digest)
         member = cohort.members.get(sub.rollout_index)
         if member is not None:
             if member.candidate.digest == sub.candidate.digest:
                 return SubmitDecision(Disposition.ATTACHED, cohort=cohort)
-            return self._slot_conflict(sub)
+            return slot_conflict(sub)
         if not allows(cohort.phase, Event.JOINED):
-            return self._closed(sub, cohort.phase)
+            return closed(sub, cohort.phase)
         if self._draining:
-            return self._shutting_down(sub)
+            return shutting_down(sub)
         return self._accept(cohort, sub, now)
 
     def _submit_inactive(self, sub: Submission, now: float, *, follows: bool) -> SubmitDecision:
         tomb = self.store.tombstone(sub.key, now)
         if tomb is not None:
-            return self._submit_terminal(tomb, sub)
+            return terminal_decision(tomb, sub)
         refusal = self._new_cohort_refusal(sub, superseded=0)
         if refusal is not None:
             return refusal
@@ -411,70 +389,26 @@ class CohortRegistry:
             collection_deadline=now + self.config.cohort_collection_timeout_s,
             follows_attempt=follows,
         )
-        self._index(cohort)
+        self._active.add(cohort)
         if self.journal_active:
-            self._outbox.append(self._header(cohort))
+            self._outbox.append(cohort_record(cohort, self.wall_offset))
         return self._accept(cohort, sub, now)
-
-    def _index(self, cohort: Cohort) -> None:
-        key = cohort.key
-        self._active[key] = cohort
-        principal = key.principal
-        self._active_by_principal[principal] = self._active_by_principal.get(principal, 0) + 1
-        scope = key.group_scope
-        if scope is not None:
-            self._active_by_group.setdefault(scope, {})[key.attempt] = cohort
-
-    def _submit_terminal(self, tomb: Tombstone, sub: Submission) -> SubmitDecision:
-        if tomb.prompt_digest != sub.prompt_digest or tomb.group_size != sub.group_size:
-            return self._mismatch(sub, tomb.group_size, tomb.prompt_digest)
-        if not tomb.key.explicit and tomb.masked:
-            # A fenced legacy key: every later member for it, whatever its answer, gets
-            # the recorded masked result (whose reason advises a fresh group_id). No
-            # judge call, and no new cohort that could mix a delayed member of the
-            # failed run with its replacement.
-            return SubmitDecision(Disposition.REPLAYED, replay=tomb)
-        digest = tomb.digest_at(sub.rollout_index)
-        if digest is not None and digest != sub.candidate.digest:
-            return self._slot_conflict(sub)
-        failed = tomb.failed
-        if failed is not None:
-            return self._failed(sub, failed)
-        if digest is None:
-            return self._closed(sub, Phase.COMPLETED)
-        return SubmitDecision(Disposition.REPLAYED, replay=tomb)
 
     def _accept(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
         member = Member(coords=sub.coords, candidate=sub.candidate)
         cohort.members[sub.rollout_index] = member
         journal = self.journal_active
         if journal:
-            self._outbox.append(_member_record(cohort.key, member))
+            self._outbox.append(member_record(cohort.key, member))
         frozen = False
         if not cohort.full:
             cohort.phase = transition(cohort.phase, Event.JOINED)
         else:
             fill(cohort, now + self.config.cohort_evaluation_timeout_s)
             if journal:
-                self._outbox.append(self._header(cohort))
+                self._outbox.append(cohort_record(cohort, self.wall_offset))
             frozen = True
         return SubmitDecision(Disposition.ACCEPTED, cohort=cohort, frozen=frozen)
-
-    def _header(self, cohort: Cohort) -> CohortRecord:
-        offset = self.wall_offset
-        deadline = cohort.evaluation_deadline
-        return CohortRecord(
-            key=cohort.key,
-            seq=cohort.seq,
-            group_size=cohort.group_size,
-            prompt=cohort.prompt,
-            prompt_digest=cohort.prompt_digest,
-            phase=cohort.phase,
-            created_at=cohort.created_at + offset,
-            collection_deadline=cohort.collection_deadline + offset,
-            evaluation_deadline=None if deadline is None else deadline + offset,
-            follows_attempt=cohort.follows_attempt,
-        )
 
     def _raise_watermark(self, scope: str, attempt: int, now: float) -> None:
         self.store.raise_watermark(scope, attempt, now)
@@ -484,27 +418,13 @@ class CohortRegistry:
 
     def final_records(self, cohort: Cohort) -> list[Record]:
         """The records that ended ``cohort`` again (to rewrite them after a failed write)."""
-        key = cohort.key
-        tomb = self.store.tombstone(key, -math.inf)
-        records: list[Record] = [DropCohort(key, keep_verdicts=tomb is not None)]
-        if tomb is not None:
-            expires = tomb.finished_at + self.config.cohort_result_ttl_s
-            records.append(TombstoneRecord(tomb, expires))
-        scope = key.group_scope
-        if scope is not None:
-            attempt = self.store.watermark(scope, -math.inf)
-            if attempt is not None:
-                expires = tomb.finished_at if tomb is not None else self.wall_offset
-                records.append(
-                    WatermarkRecord(scope, attempt, expires + self.config.cohort_result_ttl_s)
-                )
-        return records
+        ttl = self.config.cohort_result_ttl_s
+        return final_records(cohort.key, self.store, ttl, self.wall_offset)
 
     def active_records(self, cohort: Cohort) -> list[Record]:
         """An active cohort's header and members as records (to write them again after a
         failed write, when a member is resent)."""
-        members = (_member_record(cohort.key, m) for m in cohort.members.values())
-        return [self._header(cohort), *members]
+        return active_records(cohort, self.wall_offset)
 
     def _take(self) -> list[Record]:
         records, self._outbox = self._outbox, []
@@ -526,19 +446,10 @@ class CohortRegistry:
     def _supersede(self, key: CohortKey, now: float) -> list[Cohort]:
         group_id, attempt = key.group_id, key.attempt
         scope = key.group_scope
-        older = self._active_by_group.get(scope) if scope is not None else None
-        if not older:
-            return []
-        ended = []
-        for old_attempt, cohort in list(older.items()):
-            if old_attempt < attempt:
-                self._end(
-                    cohort,
-                    Event.SUPERSEDED,
-                    Failed(f"superseded by attempt {attempt} of group {group_id!r}"),
-                    now,
-                )
-                ended.append(cohort)
+        ended = [c for old, c in self._active.attempts(scope).items() if old < attempt]
+        for cohort in ended:
+            failed = Failed(f"superseded by attempt {attempt} of group {group_id!r}")
+            self._end(cohort, Event.SUPERSEDED, failed, now)
         return ended
 
     def _group_reference(
@@ -546,40 +457,19 @@ class CohortRegistry:
     ) -> Cohort | Tombstone | None:
         """An active or the newest terminal cohort of the group, to compare prompts with."""
         scope = key.group_scope
-        attempts = self._active_by_group.get(scope) if scope is not None else None
+        attempts = self._active.attempts(scope)
         if attempts:
             return next(iter(attempts.values()))
         if latest is None:
             return None
         return self.store.tombstone(CohortKey(key.group_id, None, latest, key.principal), now)
 
-    def _collection_expired(self, cohort: Cohort) -> Failed:
-        missing = [i for i in range(cohort.group_size) if i not in cohort.members]
-        shown = ", ".join(map(str, missing[:20])) + (" …" if len(missing) > 20 else "")
-        reason = (
-            f"collection deadline expired (cohort_collection_timeout_s="
-            f"{self.config.cohort_collection_timeout_s:g}) with {len(cohort.members)}/"
-            f"{cohort.group_size} members; missing rollout_index: {shown}"
-        )
-        return Failed(clip_reason(reason), legacy=not cohort.key.explicit)
-
     def _end(self, cohort: Cohort, event: Event, outcome: Outcome, now: float) -> None:
         """Make a cohort terminal: record its outcome, leave a tombstone, drop its bodies."""
         cohort.phase = transition(cohort.phase, event)
-        if self._active.pop(cohort.key, None) is not None:
-            principal = cohort.key.principal
-            left = self._active_by_principal[principal] - 1
-            if left:
-                self._active_by_principal[principal] = left
-            else:
-                del self._active_by_principal[principal]
+        self._active.remove(cohort)
         gid = cohort.key.group_scope
         if gid is not None:
-            attempts = self._active_by_group.get(gid)
-            if attempts is not None:
-                attempts.pop(cohort.key.attempt, None)
-                if not attempts:
-                    del self._active_by_group[gid]
             self._raise_watermark(gid, cohort.key.attempt, now)
         digests = {i: m.candidate.digest for i, m in cohort.members.items()}
         # Explicit cohorts keep a tombstone for replay and fencing. Legacy cohorts are
@@ -593,14 +483,7 @@ class CohortRegistry:
         # The cohort's records go; its journaled verdicts stay while its tombstone does.
         self._outbox.append(DropCohort(cohort.key, keep_verdicts=keep))
         if keep:
-            tomb = Tombstone(
-                key=cohort.key,
-                group_size=cohort.group_size,
-                prompt_digest=cohort.prompt_digest,
-                digests=digests,
-                outcome=outcome,
-                finished_at=now + self.wall_offset,
-            )
+            tomb = tombstone_of(cohort, digests, outcome, now + self.wall_offset)
             expires = now + self.config.cohort_result_ttl_s + self.wall_offset
             self._outbox.append(TombstoneRecord(tomb, expires))
             self.store.put_tombstone(tomb, now)
@@ -608,7 +491,7 @@ class CohortRegistry:
         cohort.snapshot = None
 
     def _sweep(self, now: float) -> None:
-        self.evictions_examined += self.store.evict(now, self._active_by_group.__contains__)
+        self.evictions_examined += self.store.evict(now, self._active.has_group)
 
     def _warn_missing_attempt(self, sub: Submission) -> None:
         if not self._warned_missing_attempt:
@@ -619,111 +502,17 @@ class CohortRegistry:
                 sub.coords.group_id,
             )
 
-    # ------------------------------------------------------------------ refusals
-    def _reject(self, reason: Reason, message: str, sub: Submission, **meta: str) -> SubmitDecision:
-        rejection = Rejection(reason, message, coords_metadata(sub.coords, **meta))
-        return SubmitDecision(Disposition.REJECTED, rejection=rejection)
-
-    def _mismatch(self, sub: Submission, group_size: int, digest: str) -> SubmitDecision:
-        if group_size != sub.group_size:
-            what = f"group_size {sub.group_size} differs from the cohort's {group_size}"
-        else:
-            what = (
-                f"the prompt (digest {sub.prompt_digest[:12]}) differs from the cohort's "
-                f"(digest {digest[:12]})"
-            )
-        return self._reject(Reason.PROMPT_MISMATCH, f"cohort {sub.key}: {what}", sub)
-
-    def _slot_conflict(self, sub: Submission) -> SubmitDecision:
-        return self._reject(
-            Reason.SLOT_CONFLICT,
-            f"cohort {sub.key}: slot {sub.rollout_index} already holds a different response",
-            sub,
-        )
-
-    def _closed(self, sub: Submission, phase: Phase) -> SubmitDecision:
-        return self._reject(
-            Reason.COHORT_CLOSED,
-            f"cohort {sub.key} is {phase.value}; it accepts no new members",
-            sub,
-        )
-
-    def _failed(self, sub: Submission, outcome: Failed) -> SubmitDecision:
-        return SubmitDecision(
-            Disposition.REJECTED,
-            rejection=failure_rejection(sub.key, outcome, coords_metadata(sub.coords)),
-        )
-
     def _new_cohort_refusal(self, sub: Submission, *, superseded: int) -> SubmitDecision | None:
         """Why ``sub`` may not open a cohort now, or None: draining, then the deployment's
         ``max_active_cohorts``, then its principal's share. ``superseded`` cohorts of its
         group end if it opens, so they do not count against it. The one place these
         bounds are decided (a replica's registry sees the deployment's counts)."""
         if self._draining:
-            return self._shutting_down(sub)
-        if self._active_total() - superseded >= self.config.max_active_cohorts:
-            return self._capacity_exhausted(sub)
-        if self._over_principal_quota(sub.key.principal, superseded):
-            return self._principal_quota_exhausted(sub)
-        return None
-
-    def _capacity_exhausted(self, sub: Submission) -> SubmitDecision:
-        return self._reject(
-            Reason.CAPACITY_EXHAUSTED,
-            f"the server holds max_active_cohorts={self.config.max_active_cohorts} active "
-            "cohorts; retry later",
-            sub,
-        )
-
-    def _over_principal_quota(self, principal: str, superseded: int) -> bool:
+            return shutting_down(sub)
+        limit = self.config.max_active_cohorts
+        if self._active.total() - superseded >= limit:
+            return capacity_exhausted(sub, limit)
         quota = self.config.max_active_cohorts_per_principal
-        if quota is None:
-            return False
-        held = self._active_by_principal.get(principal, 0)
-        held += self._elsewhere_by_principal.get(principal, 0)
-        return held - superseded >= quota
-
-    def _active_total(self) -> int:
-        return len(self._active) + self._elsewhere
-
-    def _principal_quota_exhausted(self, sub: Submission) -> SubmitDecision:
-        return self._reject(
-            Reason.CAPACITY_EXHAUSTED,
-            f"principal {sub.key.principal!r} holds max_active_cohorts_per_principal="
-            f"{self.config.max_active_cohorts_per_principal} active cohorts; retry later",
-            sub,
-            principal=sub.key.principal,
-        )
-
-    def _shutting_down(self, sub: Submission) -> SubmitDecision:
-        return self._reject(
-            Reason.SHUTTING_DOWN, "the server is shutting down; retry on another replica", sub
-        )
-
-
-def _member_record(key: CohortKey, member: Member) -> MemberRecord:
-    return MemberRecord(key, member.coords, member.candidate.digest, member.candidate.texts)
-
-
-def legacy_outcome(outcome: Failed | Masked) -> Failed | Masked:
-    """The outcome a failed legacy cohort records: marked legacy, advice included.
-
-    A masked result carries the advice in its ``failure_reason`` (clipped so the advice
-    always survives); a failure gets it appended to its status message.
-    """
-    if isinstance(outcome, Failed):
-        return Failed(outcome.reason, legacy=True)
-    room = MAX_FAILURE_REASON - len(LEGACY_RETRY_ADVICE.encode()) - 2
-    return Masked(f"{clip(outcome.reason, room)}. {LEGACY_RETRY_ADVICE}", outcome.metrics)
-
-
-def failure_rejection(key: CohortKey, outcome: Failed, meta: Mapping[str, str]) -> Rejection:
-    """The ABORTED/COHORT_FAILED refusal for members of a failed cohort.
-
-    The key and reason are clipped so that the whole message, and the legacy advice at
-    its end, fits the status message bound.
-    """
-    message = f"cohort {clip(str(key), 160)} failed: {clip(outcome.reason, 560)}"
-    if outcome.legacy:
-        message = f"{message}. {LEGACY_RETRY_ADVICE}"
-    return Rejection(Reason.COHORT_FAILED, message, dict(meta))
+        if quota is not None and self._active.held_by(sub.key.principal) - superseded >= quota:
+            return principal_quota_exhausted(sub, quota)
+        return None

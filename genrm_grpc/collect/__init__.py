@@ -25,33 +25,8 @@ from genrm_grpc.collect.runner import FAILURE_CLASSES, CollectConfig, UsageError
 __all__ = ["CollectConfig", "build_parser", "main", "main_async", "run"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="genrm-grpc collect",
-        description="Score a NeMo Gym rollout file with a genrm-grpc server.",
-    )
-    p.add_argument("--server", required=True, help="gRPC target, e.g. 127.0.0.1:50051")
-    p.add_argument("--input", required=True, type=Path, help="rollout rows (JSONL)")
-    p.add_argument("--output", required=True, type=Path, help="results file (JSONL)")
-    p.add_argument("--concurrency", type=int, default=8, help="groups in flight (default 8)")
-    p.add_argument("--resume", action="store_true", help="continue an earlier run's output")
-    p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
-    p.add_argument("--strict", action="store_true", help="any bad row fails the run (exit 2)")
-    p.add_argument(
-        "--count-failure-classes-as-zero",
-        action="append",
-        default=[],
-        metavar="CLASS[,CLASS]",
-        help=f"count rows of these failure classes as reward 0 in the metrics only "
-        f"({', '.join(c for c in FAILURE_CLASSES if c != 'bad_row')})",
-    )
-    p.add_argument(
-        "--group-size",
-        type=int,
-        default=None,
-        help="members per group (default: _ng_group_size, else max _ng_rollout_index + 1)",
-    )
-    p.add_argument("--timeout-s", type=float, default=3600.0, help="deadline of one group call")
+def _add_connection_options(p: argparse.ArgumentParser) -> None:
+    """How the run reaches the server: connect deadline, retries, message size, TLS, token."""
     connect = p.add_mutually_exclusive_group()
     connect.add_argument(
         "--connect-timeout-s",
@@ -88,6 +63,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token-env", help="name of an env var holding a bearer token (authorization header)"
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="genrm-grpc collect",
+        description="Score a NeMo Gym rollout file with a genrm-grpc server.",
+    )
+    p.add_argument("--server", required=True, help="gRPC target, e.g. 127.0.0.1:50051")
+    p.add_argument("--input", required=True, type=Path, help="rollout rows (JSONL)")
+    p.add_argument("--output", required=True, type=Path, help="results file (JSONL)")
+    p.add_argument("--concurrency", type=int, default=8, help="groups in flight (default 8)")
+    p.add_argument("--resume", action="store_true", help="continue an earlier run's output")
+    p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    p.add_argument("--strict", action="store_true", help="any bad row fails the run (exit 2)")
+    p.add_argument(
+        "--count-failure-classes-as-zero",
+        action="append",
+        default=[],
+        metavar="CLASS[,CLASS]",
+        help=f"count rows of these failure classes as reward 0 in the metrics only "
+        f"({', '.join(c for c in FAILURE_CLASSES if c != 'bad_row')})",
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="members per group (default: _ng_group_size, else max _ng_rollout_index + 1)",
+    )
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="deadline of one group call")
+    _add_connection_options(p)
     progress = p.add_mutually_exclusive_group()
     progress.add_argument(
         "--progress",

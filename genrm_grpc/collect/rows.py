@@ -202,6 +202,25 @@ def form_groups(rows: list[Row], group_size: int | None) -> tuple[list[Group], l
     by_key: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         by_key[_group_key(row)].append(row)
+    bad = _drop_superseded(by_key)
+    # Rollout indices: given, or the order of appearance in groups where none is given.
+    indices: dict[str, list[int | None]] = {}
+    file_max = 0
+    for key, members in by_key.items():
+        given = [r.rollout_index for r in members]
+        if all(i is None for i in given):
+            given = list(range(len(members)))
+        indices[key] = given
+        file_max = max([file_max, *((i or 0) + 1 for i in given if i is not None)])
+    groups = [
+        _form_group(key, members, indices[key], group_size, file_max)
+        for key, members in by_key.items()
+    ]
+    return groups, bad
+
+
+def _drop_superseded(by_key: dict[str, list[Row]]) -> list[BadRow]:
+    """Keep only the newest attempt of each explicit group; the older rows, as bad rows."""
     bad: list[BadRow] = []
     for key, members in by_key.items():
         attempts = {r.attempt or 0 for r in members}
@@ -212,60 +231,59 @@ def form_groups(rows: list[Row], group_size: int | None) -> tuple[list[Group], l
                     reason = f"superseded by attempt {newest} of the same group in this file"
                     bad.append(BadRow(r.line, reason, json.dumps(r.data)[:2000]))
             by_key[key] = [r for r in members if (r.attempt or 0) == newest]
-    # Rollout indices: given, or the order of appearance in groups where none is given.
-    indices: dict[str, list[int | None]] = {}
-    file_max = 0
-    for key, members in by_key.items():
-        given = [r.rollout_index for r in members]
-        if all(i is None for i in given):
-            given = list(range(len(members)))
-        indices[key] = given
-        file_max = max([file_max, *((i or 0) + 1 for i in given if i is not None)])
-    groups: list[Group] = []
-    for key, members in by_key.items():
-        first = members[0]
-        sizes = {r.group_size for r in members if r.group_size is not None}
-        size = group_size or (max(sizes) if sizes else file_max)
-        group = Group(
-            key=key,
-            explicit_id=first.group_id,
-            file_attempt=first.attempt or 0,
-            task_index=first.task_index,
-            messages=first.messages,
-            principle=first.principle,
-            size=size,
-        )
-        slot_lines: dict[int, int] = {}
-        problems: list[str] = []
-        if len(sizes) > 1:
-            problems.append(f"rows disagree on _ng_group_size: {sorted(sizes)}")
-        for row, index in zip(members, indices[key], strict=True):
-            if index is None:
-                problems.append(f"line {row.line} has no _ng_rollout_index, its siblings do")
-                continue
-            if index >= size:
-                problems.append(f"line {row.line}: rollout index {index} >= group size {size}")
-            elif index in slot_lines:
-                problems.append(
-                    f"rollout index {index} appears on lines {slot_lines[index]} and {row.line}"
-                )
-            if row.prompt_digest != first.prompt_digest:
-                problems.append(f"line {row.line}: prompt/principle differs from line {first.line}")
-            slot_lines.setdefault(index, row.line)
-            group.rows.append(row)
-            group.indices.append(index)
-        order = sorted(range(len(group.rows)), key=lambda k: group.indices[k])
-        group.rows = [group.rows[k] for k in order]
-        group.indices = [group.indices[k] for k in order]
-        if problems:
-            group.problem = ("invalid", "; ".join(problems)[:2000])
-        elif len(slot_lines) < size:
-            missing = sorted(set(range(size)) - set(slot_lines))
-            shown = ", ".join(map(str, missing[:20])) + (" …" if len(missing) > 20 else "")
-            group.problem = (
-                "incomplete_group",
-                f"the file holds {len(slot_lines)} of {size} members; missing rollout "
-                f"indices [{shown}] (a partial group can never be rewarded)",
+    return bad
+
+
+def _form_group(
+    key: str,
+    members: list[Row],
+    indices: list[int | None],
+    group_size: int | None,
+    file_max: int,
+) -> Group:
+    """One group of rows in rollout-index order, with its problem if it has one."""
+    first = members[0]
+    sizes = {r.group_size for r in members if r.group_size is not None}
+    size = group_size or (max(sizes) if sizes else file_max)
+    group = Group(
+        key=key,
+        explicit_id=first.group_id,
+        file_attempt=first.attempt or 0,
+        task_index=first.task_index,
+        messages=first.messages,
+        principle=first.principle,
+        size=size,
+    )
+    slot_lines: dict[int, int] = {}
+    problems: list[str] = []
+    if len(sizes) > 1:
+        problems.append(f"rows disagree on _ng_group_size: {sorted(sizes)}")
+    for row, index in zip(members, indices, strict=True):
+        if index is None:
+            problems.append(f"line {row.line} has no _ng_rollout_index, its siblings do")
+            continue
+        if index >= size:
+            problems.append(f"line {row.line}: rollout index {index} >= group size {size}")
+        elif index in slot_lines:
+            problems.append(
+                f"rollout index {index} appears on lines {slot_lines[index]} and {row.line}"
             )
-        groups.append(group)
-    return groups, bad
+        if row.prompt_digest != first.prompt_digest:
+            problems.append(f"line {row.line}: prompt/principle differs from line {first.line}")
+        slot_lines.setdefault(index, row.line)
+        group.rows.append(row)
+        group.indices.append(index)
+    order = sorted(range(len(group.rows)), key=lambda k: group.indices[k])
+    group.rows = [group.rows[k] for k in order]
+    group.indices = [group.indices[k] for k in order]
+    if problems:
+        group.problem = ("invalid", "; ".join(problems)[:2000])
+    elif len(slot_lines) < size:
+        missing = sorted(set(range(size)) - set(slot_lines))
+        shown = ", ".join(map(str, missing[:20])) + (" …" if len(missing) > 20 else "")
+        group.problem = (
+            "incomplete_group",
+            f"the file holds {len(slot_lines)} of {size} members; missing rollout "
+            f"indices [{shown}] (a partial group can never be rewarded)",
+        )
+    return group

@@ -35,6 +35,7 @@ from genrm_grpc.collect.outputs import (
     load_prior_state,
     write_atomic,
 )
+from genrm_grpc.collect.progress import Progress
 from genrm_grpc.collect.rows import BadRow, Group, form_groups, parse_lines
 
 __all__ = ["EXIT_CANNOT_CONNECT", "FAILURE_CLASSES", "CollectConfig", "run"]
@@ -74,70 +75,6 @@ class CollectConfig:
 
 class UsageError(Exception):
     pass
-
-
-class Progress:
-    """Groups done / failed / in flight and the rate, on one stderr line.
-
-    While ``status`` is set (e.g. "connecting to HOST:PORT…") the line shows it instead
-    of the counters. On a terminal :meth:`tick` keeps the elapsed time moving.
-    """
-
-    def __init__(self, total: int, enabled: bool | None, stream: IO[str]) -> None:
-        self.total, self.stream = total, stream
-        self.tty = stream.isatty()
-        self.enabled = enabled if enabled is not None else True
-        self.done = self.failed = self.in_flight = 0
-        self._shown = 0
-        self.status: str | None = None
-        self.started = time.monotonic()
-
-    def line(self) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        if self.status is not None:
-            return f"{self.status}  {elapsed:.1f}s"
-        finished = self.done + self.failed
-        return (
-            f"groups {finished}/{self.total}  ok {self.done}  failed {self.failed}  "
-            f"in flight {self.in_flight}  {finished / elapsed:.2f} groups/s  {elapsed:.1f}s"
-        )
-
-    def set_status(self, status: str | None) -> None:
-        """Show ``status`` (one line on a pipe) or, with None, the counters again."""
-        self.status = status
-        if not self.enabled:
-            return
-        if self.tty:
-            self.show()
-        elif status is not None:
-            self.stream.write(status + "\n")
-            self.stream.flush()
-
-    def show(self) -> None:
-        """TTY: rewrite the line in place; otherwise one line per finished group."""
-        if not self.enabled:
-            return
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + self.line())
-        elif self.done + self.failed != self._shown:
-            self._shown = self.done + self.failed
-            self.stream.write(self.line() + "\n")
-        else:
-            return
-        self.stream.flush()
-
-    async def tick(self, every_s: float = 1.0) -> None:
-        """On a terminal, redraw the line every ``every_s`` until cancelled."""
-        if not (self.enabled and self.tty):
-            return
-        while True:
-            await asyncio.sleep(every_s)
-            self.show()
-
-    def finish(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def _coords(
@@ -303,29 +240,35 @@ class Collector:
             self.counters["groups_failed"] += 1
             progress.failed += 1
         else:
-            masked = [r for r in results if r.mask_sample]
-            if masked:
-                reason = masked[0].failure_reason or "the judge failed"
-                self.fail_group(group, gid, results[0].member.group_attempt, "judge_failed", reason)
-                self.counters["groups_failed"] += 1
-                progress.failed += 1
-            else:
-                self.write_results(group, results)
-                self.counters["groups_ok"] += 1
-                progress.done += 1
-                if all(r.replayed for r in results):
-                    self.counters["groups_replayed"] += 1
-                else:
-                    self.counters["judge_comparisons"] += len(
-                        {
-                            (v.response_i, v.response_j, v.judge_index)
-                            for r in results
-                            for v in r.comparisons
-                        }
-                    )
+            self._finished(group, gid, results, progress)
         finally:
             progress.in_flight -= 1
             progress.show()
+
+    def _finished(
+        self, group: Group, gid: str, results: list[pb.MemberResult], progress: Progress
+    ) -> None:
+        """A group the server answered: its rewards written, or masked as judge_failed."""
+        masked = [r for r in results if r.mask_sample]
+        if masked:
+            reason = masked[0].failure_reason or "the judge failed"
+            self.fail_group(group, gid, results[0].member.group_attempt, "judge_failed", reason)
+            self.counters["groups_failed"] += 1
+            progress.failed += 1
+            return
+        self.write_results(group, results)
+        self.counters["groups_ok"] += 1
+        progress.done += 1
+        if all(r.replayed for r in results):
+            self.counters["groups_replayed"] += 1
+        else:
+            self.counters["judge_comparisons"] += len(
+                {
+                    (v.response_i, v.response_j, v.judge_index)
+                    for r in results
+                    for v in r.comparisons
+                }
+            )
 
 
 def _class_of(exc: CohortError) -> str:
@@ -435,20 +378,10 @@ async def _collect(
     run_id = int(time.time() * 1000)
     collector = Collector(config, paths, run_id)
     collector.open()
-    todo: list[tuple[Group, str, int]] = []
     skipped = 0
     try:
         collector.bad_rows(bad)
-        for group in groups:
-            if group.key in prior.complete:
-                skipped += 1
-            elif group.problem is not None:
-                klass, reason = group.problem
-                collector.fail_group(group, group.explicit_id, group.file_attempt, klass, reason)
-                _say(config, f"group {group.key}: {klass}: {reason}")
-            else:
-                gid, attempt = _plan(group, prior)
-                todo.append((group, gid, attempt))
+        todo, skipped = _triage(config, collector, groups, prior)
         if skipped:
             _say(config, f"resume: {skipped} group(s) already complete in {paths.results}")
         progress.total = len(todo)
@@ -467,6 +400,31 @@ async def _collect(
         **collector.counters,
         "elapsed_s": round(time.monotonic() - started, 3),
     }
+    return _summarise(config, paths, this_run)
+
+
+def _triage(
+    config: CollectConfig, collector: Collector, groups: list[Group], prior: PriorState
+) -> tuple[list[tuple[Group, str, int]], int]:
+    """The groups to submit (with id and attempt) and how many are already complete;
+    groups the file itself makes unusable are recorded as failures."""
+    todo: list[tuple[Group, str, int]] = []
+    skipped = 0
+    for group in groups:
+        if group.key in prior.complete:
+            skipped += 1
+        elif group.problem is not None:
+            klass, reason = group.problem
+            collector.fail_group(group, group.explicit_id, group.file_attempt, klass, reason)
+            _say(config, f"group {group.key}: {klass}: {reason}")
+        else:
+            gid, attempt = _plan(group, prior)
+            todo.append((group, gid, attempt))
+    return todo, skipped
+
+
+def _summarise(config: CollectConfig, paths: OutputPaths, this_run: dict[str, Any]) -> int:
+    """Write the metrics file, say the summary line; the exit code (1: no usable reward)."""
     metrics = compute_metrics(paths, config.zero_classes, this_run)
     write_atomic(paths.metrics, json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     reward = metrics["reward"]

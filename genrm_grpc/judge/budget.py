@@ -12,7 +12,8 @@ The sample is bounded and recent (the last ``window`` verdicts), so the budget f
 a judge whose behaviour drifts (a new checkpoint, another temperature). The quantile is
 recomputed every ``1/8`` of the window's worth of new samples, not per attempt (a
 sort). Sans-IO: the client feeds it and asks it; the rule that the last retry of a
-comparison whose every attempt was cut goes out with the full cap is the client's.
+comparison whose every attempt was cut goes out with the full cap is the client's
+(``Tally.next_limit`` in ``judge/attempts.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import math
 from collections import deque
 
 from genrm_grpc.judge.stats import Buckets, quantile
+from genrm_grpc.judge.views import JudgeBlockView
 
 
 class AdaptiveBudget:
@@ -106,3 +108,16 @@ class TokenLedger:
 
 
 __all__ = ["TOKEN_BUCKETS", "AdaptiveBudget", "TokenLedger"]
+
+
+def adaptive_budget(judge: JudgeBlockView) -> AdaptiveBudget | None:
+    """``judge.adaptive_budget``'s estimator, configured by the judge block; None when off."""
+    if not judge.adaptive_budget:
+        return None
+    return AdaptiveBudget(
+        cap=judge.max_output_tokens,
+        quantile=judge.adaptive_budget_quantile,
+        margin=judge.adaptive_budget_margin,
+        floor=judge.adaptive_budget_floor,
+        min_samples=judge.adaptive_budget_min_samples,
+    )

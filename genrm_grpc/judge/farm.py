@@ -3,7 +3,8 @@
 Sans-IO: the farm holds the endpoints' state and decides; the judge client
 (``judge/client.py``) sends the requests and reports what happened; the prober in the
 client runs the probes this module asks for. Every decision is a function of the state
-and an injectable clock, so tests drive it without sleeping.
+and an injectable clock, so tests drive it without sleeping. The endpoint's own state
+and the policies are plain data in ``judge/endpoint.py`` (re-exported here).
 
 Routing (``pick``): among the endpoints that may take work (healthy, not avoided, below
 their ``max_in_flight``, and, when their vLLM metrics are scraped, without requests
@@ -37,99 +38,41 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import enum
 import hashlib
 import logging
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
 
-from genrm_grpc.judge.stats import Buckets, quantile
-from genrm_grpc.observability.metrics import JUDGE_BUCKETS
+from genrm_grpc.judge.endpoint import (
+    FAILURE_KINDS,
+    LATENCY_SAMPLES,
+    Endpoint,
+    EndpointState,
+    HedgePolicy,
+    OutlierPolicy,
+)
+from genrm_grpc.judge.stats import quantile
+from genrm_grpc.judge.views import JudgeView
+
+__all__ = [
+    "FAILURE_KINDS",
+    "LATENCY_SAMPLES",
+    "ROUTINGS",
+    "VNODES",
+    "Endpoint",
+    "EndpointState",
+    "Farm",
+    "HedgePolicy",
+    "OutlierPolicy",
+    "farm_for",
+]
 
 log = logging.getLogger(__name__)
 
 VNODES = 64
 """Points per endpoint on the hash ring: enough that keys spread evenly over a few nodes."""
-
-LATENCY_SAMPLES = 256
-"""Recent successful request latencies kept per endpoint (and farm-wide) for hedging."""
-
-
-class EndpointState(enum.StrEnum):
-    HEALTHY = "healthy"
-    EJECTED = "ejected"
-    WRONG_MODEL = "wrong_model"
-    #: Gone from discovery: takes no new work, finishes what it holds, then leaves.
-    DRAINING = "draining"
-
-
-#: What a finished request tells outlier detection.
-FAILURE_KINDS = frozenset({"transport", "http_5xx", "deadline", "first_token", "slow"})
-
-
-@dataclass(frozen=True)
-class OutlierPolicy:
-    consecutive_failures: int = 5
-    base_ejection_s: float = 30.0
-    max_ejection_s: float = 300.0
-    max_ejection_percent: float = 50.0
-
-
-@dataclass(frozen=True)
-class HedgePolicy:
-    """Hedge point per endpoint: ``max(floor_s, quantile of its latencies)``.
-
-    ``fixed_s`` (``judge_hedge_after_s``) overrides the adaptive point; ``quantile``
-    None turns adaptive hedging off. Adaptive hedging needs ``min_samples`` latencies of
-    the endpoint (or, before it has them, of the whole farm) and a farm of two or more.
-    """
-
-    fixed_s: float | None = None
-    quantile: float | None = 0.99
-    floor_s: float = 2.0
-    min_samples: int = 32
-
-
-@dataclass(eq=False)
-class Endpoint:
-    """One judge endpoint and what the farm knows about it."""
-
-    url: str
-    """As configured (may carry user-info: never log it; use ``display``)."""
-    display: str
-    max_in_flight: int
-    points: tuple[int, ...] = ()
-    in_flight: int = 0
-    state: EndpointState = EndpointState.HEALTHY
-    #: Its last request got an HTTP answer (other than 502/503/504).
-    reachable: bool = True
-    consecutive_failures: int = 0
-    ejections: int = 0
-    ejected_until: float = 0.0
-    detail: str = ""
-    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
-    _hedge_cache: tuple[int, float | None] = (-1, None)
-    #: From the endpoint's own ``/metrics`` (None: not scraped, or not answered).
-    queue_waiting: int | None = None
-    queue_running: int | None = None
-    kv_usage: float | None = None
-    # Counters (read by the metrics collector at scrape time).
-    requests: int = 0
-    failures: int = 0
-    hedges: int = 0
-    ejections_total: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    #: Answered requests' latencies, for the per-endpoint histogram.
-    latency: Buckets = field(default_factory=lambda: Buckets(JUDGE_BUCKETS))
-
-    @property
-    def takes_work(self) -> bool:
-        return self.state is EndpointState.HEALTHY
 
 
 def _point(text: str) -> int:
@@ -245,19 +188,9 @@ class Farm:
             if only.state is EndpointState.DRAINING or only.in_flight >= only.max_in_flight:
                 return None
             return only
-        candidates = [e for e in self.endpoints if e.takes_work and e not in avoid]
-        if not candidates:
-            candidates = self.healthy()  # every healthy one was avoided: reuse them
-        if not candidates:
-            # Panic: no healthy endpoint (all ejected or misconfigured). Sending beats
-            # holding every pass until a probe readmits one.
-            candidates = [e for e in self.endpoints if e.state is not EndpointState.DRAINING]
-        room = [e for e in candidates if e.in_flight < e.max_in_flight]
+        room = self._room(avoid)
         if not room:
             return None
-        unqueued = [e for e in room if not e.queue_waiting]
-        if unqueued:
-            room = unqueued
         if len(room) == 1:
             return room[0]
         if self.routing == "round_robin":
@@ -268,6 +201,24 @@ class Farm:
         if self.routing == "hash":
             ordered = sorted(room, key=lambda e: e.url)
             return ordered[_point(key or "") % len(ordered)]
+        return self._bounded_affinity(key, room)
+
+    def _room(self, avoid: Collection[Endpoint]) -> list[Endpoint]:
+        """The endpoints a request may go to now: healthy, not avoided, below their
+        limit and, if any, without a queue of their own (empty when all are full)."""
+        candidates = [e for e in self.endpoints if e.takes_work and e not in avoid]
+        if not candidates:
+            candidates = self.healthy()  # every healthy one was avoided: reuse them
+        if not candidates:
+            # Panic: no healthy endpoint (all ejected or misconfigured). Sending beats
+            # holding every pass until a probe readmits one.
+            candidates = [e for e in self.endpoints if e.state is not EndpointState.DRAINING]
+        room = [e for e in candidates if e.in_flight < e.max_in_flight]
+        unqueued = [e for e in room if not e.queue_waiting]
+        return unqueued or room
+
+    def _bounded_affinity(self, key: str | None, room: list[Endpoint]) -> Endpoint:
+        """``affinity`` routing among two or more endpoints with room (module docstring)."""
         total = sum(e.in_flight for e in room)
         capacity = sum(e.max_in_flight for e in room)
         if self.capacity is not None:
@@ -292,31 +243,38 @@ class Farm:
             math.ceil(self.load_factor * (total + 1) / len(room)),
             math.ceil(self.load_factor * capacity / len(room)),
         )
-        allowed = set(room)
         if key is not None and self._ring:
-            start = bisect.bisect_left(self._ring_keys, _point(key))
-            n = len(self._ring)
-            seen: set[int] = set()
-            preferred: Endpoint | None = None
-            for k in range(n):
-                endpoint = self._ring[(start + k) % n][1]
-                if id(endpoint) in seen:
-                    continue
-                seen.add(id(endpoint))
-                if endpoint in allowed:
-                    preferred = preferred or endpoint
-                    # The first node from the key within the bound: a cohort whose
-                    # preferred node is over its share spills to the same next node.
-                    if endpoint.in_flight + 1 <= bound:
-                        if endpoint is preferred:
-                            self.affinity_kept += 1
-                        else:
-                            self.affinity_spilled += 1
-                        return endpoint
-                if len(seen) == len(self.endpoints):
-                    break
+            chosen = self._on_ring(key, set(room), bound)
+            if chosen is not None:
+                return chosen
             self.affinity_spilled += 1
-        return min(room, key=lambda e: e.in_flight)
+        return least
+
+    def _on_ring(self, key: str, allowed: set[Endpoint], bound: int) -> Endpoint | None:
+        """The first allowed endpoint from ``key`` on the ring within ``bound``, counted
+        as kept (the key's preferred endpoint) or spilled; None if all are over it."""
+        start = bisect.bisect_left(self._ring_keys, _point(key))
+        n = len(self._ring)
+        seen: set[int] = set()
+        preferred: Endpoint | None = None
+        for k in range(n):
+            endpoint = self._ring[(start + k) % n][1]
+            if id(endpoint) in seen:
+                continue
+            seen.add(id(endpoint))
+            if endpoint in allowed:
+                preferred = preferred or endpoint
+                # The first node from the key within the bound: a cohort whose
+                # preferred node is over its share spills to the same next node.
+                if endpoint.in_flight + 1 <= bound:
+                    if endpoint is preferred:
+                        self.affinity_kept += 1
+                    else:
+                        self.affinity_spilled += 1
+                    return endpoint
+            if len(seen) == len(self.endpoints):
+                break
+        return None
 
     def take(self, endpoint: Endpoint) -> None:
         endpoint.in_flight += 1
@@ -483,3 +441,29 @@ __all__ = [
     "HedgePolicy",
     "OutlierPolicy",
 ]
+
+
+def farm_for(config: JudgeView, display: Callable[[str], str], clock: Callable[[], float]) -> Farm:
+    """The farm of the configured endpoints, with the judge block's routing policies."""
+    judge = config.judge
+    return Farm(
+        judge.endpoint_urls(),
+        max_in_flight=judge.in_flight_per_endpoint(),
+        capacity=config.judge_max_concurrency,
+        display=display,
+        load_factor=judge.affinity_load_factor,
+        routing=judge.routing,
+        outliers=OutlierPolicy(
+            consecutive_failures=judge.outlier_consecutive_failures,
+            base_ejection_s=judge.outlier_base_ejection_s,
+            max_ejection_s=judge.outlier_max_ejection_s,
+            max_ejection_percent=judge.max_ejection_percent,
+        ),
+        hedging=HedgePolicy(
+            fixed_s=config.judge_hedge_after_s,
+            quantile=judge.hedge_quantile,
+            floor_s=judge.hedge_floor_s,
+            min_samples=judge.hedge_min_samples,
+        ),
+        clock=clock,
+    )

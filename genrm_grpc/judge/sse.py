@@ -3,7 +3,7 @@
 Sans-IO: ``SSEAnswer.feed`` takes the bytes as they arrive and returns how many
 generated tokens they carried; ``body()`` is then the very object the non-streamed
 request's JSON body decodes to, as far as the client reads it, so that
-``client._read_answer``/``_read_usage`` and the verdict parser see the same thing
+``wire.read_answer``/``read_usage`` and the verdict parser see the same thing
 whether ``judge.stream`` is on or off:
 
 * ``chat_completions`` (``"stream": true, "stream_options": {"include_usage": true}``):

@@ -3,7 +3,8 @@
 Each server owns its own ``CollectorRegistry`` (tests run many servers in one process).
 Counters and histograms are updated through the observer hooks as events happen; the
 gauges (cohorts by phase, judge queue, tombstones) are read from the runtime at scrape
-time, so they can never drift from the state they describe. The endpoint is a small
+time (``observability/collectors.py``), so they can never drift from the state they
+describe. The endpoint is a small
 asyncio HTTP server on the server's own event loop: a scrape reads that state on the
 loop thread, never concurrently with it.
 """
@@ -13,20 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.registry import Collector
 
-from genrm_grpc.cohort.model import CohortKey, Phase, Reason
+from genrm_grpc.cohort.model import CohortKey, Reason
+from genrm_grpc.observability.collectors import FarmCollector, StateCollector, TokenCollector
 from genrm_grpc.observability.hooks import CohortOutcome, ComparisonOutcome
 
 if TYPE_CHECKING:
@@ -48,7 +43,26 @@ class ServerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
+        # Declared in exposition order: cohorts and members, the judge, the service.
+        self._declare_cohort_metrics(self.registry)
+        self._declare_judge_metrics(self.registry)
+        self._declare_service_metrics(self.registry)
+        self._start_known_series()
+        # Labelled children by label value, filled on first use (see the hooks).
+        self._judge_requests: dict[str, Counter] = {}
+        self._judge_retries: dict[str, Counter] = {}
+        self._judge_comparisons: dict[str, Counter] = {}
+        self._cohorts_finished: dict[str, Counter] = {}
+        self._cohort_duration: dict[str, Histogram] = {}
+        self._members: dict[str, Counter] = {}
+        self._members_rejected: dict[str, Counter] = {}
+        self._compare_requests: dict[str, Counter] = {}
+        self._unauthenticated: dict[str, Counter] = {}
+        self._judge_request_observe = self.judge_request_duration.observe
+        self._judge_comparison_observe = self.judge_comparison_duration.observe
+        self._cohorts_started_inc = self.cohorts_started.inc
+
+    def _declare_cohort_metrics(self, r: CollectorRegistry) -> None:
         self.cohorts_finished = Counter(
             "genrm_cohorts_finished",
             "Cohorts that reached a terminal disposition, by outcome "
@@ -84,6 +98,8 @@ class ServerMetrics:
             "Member results returned masked because the judge failed (replays included).",
             registry=r,
         )
+
+    def _declare_judge_metrics(self, r: CollectorRegistry) -> None:
         self.judge_requests = Counter(
             "genrm_judge_requests",
             "Judge HTTP requests by outcome: ok, or the failure kind (http_503, transport, "
@@ -130,6 +146,8 @@ class ServerMetrics:
             registry=r,
         )
         self.judge_ready.set(1)
+
+    def _declare_service_metrics(self, r: CollectorRegistry) -> None:
         self.store_up = Gauge(
             "genrm_store_up",
             "1 while the store answers; 0 while a shared (Redis) store is unreachable "
@@ -166,7 +184,9 @@ class ServerMetrics:
             "CohortService calls in progress (counted against max_concurrent_rpcs).",
             registry=r,
         )
-        # Known label values start at 0 so that dashboards and rate() see every series.
+
+    def _start_known_series(self) -> None:
+        """Known label values start at 0 so that dashboards and rate() see every series."""
         for outcome in ("completed", "masked", "failed"):
             self.cohorts_finished.labels(outcome)
         for result in MEMBER_RESULTS:
@@ -180,31 +200,18 @@ class ServerMetrics:
         self.judge_requests.labels("ok")
         for why in ("missing", "invalid"):
             self.unauthenticated.labels(why)
-        # Labelled children by label value, filled on first use (see the hooks).
-        self._judge_requests: dict[str, Counter] = {}
-        self._judge_retries: dict[str, Counter] = {}
-        self._judge_comparisons: dict[str, Counter] = {}
-        self._cohorts_finished: dict[str, Counter] = {}
-        self._cohort_duration: dict[str, Histogram] = {}
-        self._members: dict[str, Counter] = {}
-        self._members_rejected: dict[str, Counter] = {}
-        self._compare_requests: dict[str, Counter] = {}
-        self._unauthenticated: dict[str, Counter] = {}
-        self._judge_request_observe = self.judge_request_duration.observe
-        self._judge_comparison_observe = self.judge_comparison_duration.observe
-        self._cohorts_started_inc = self.cohorts_started.inc
 
     def attach_runtime(self, runtime: CohortRuntime) -> None:
         """Gauges read from the runtime, the registry and the store at scrape time."""
-        self.registry.register(_StateCollector(runtime))
+        self.registry.register(StateCollector(runtime))
 
     def attach_farm(self, farm: Farm) -> None:
         """Per judge endpoint: load, state, latency, tokens (read at scrape time)."""
-        self.registry.register(_FarmCollector(farm))
+        self.registry.register(FarmCollector(farm))
 
     def attach_tokens(self, ledger: TokenLedger, budget: AdaptiveBudget | None) -> None:
         """Output tokens per verdict, wasted tokens, the adaptive budget (scrape time)."""
-        self.registry.register(_TokenCollector(ledger, budget))
+        self.registry.register(TokenCollector(ledger, budget))
 
     # ----------------------------------------------------------------- hooks
     # Every hook runs on the hot path (several per member, several per judge call):
@@ -266,245 +273,6 @@ def _child(cache: dict[str, _Labelled], parent: _Labelled, value: str) -> _Label
     if child is None:
         child = cache[value] = parent.labels(value)
     return child
-
-
-class _TokenCollector(Collector):
-    def __init__(self, ledger: TokenLedger, budget: AdaptiveBudget | None) -> None:
-        self._ledger = ledger
-        self._budget = budget
-
-    def collect(self) -> Iterable[Metric]:
-        ledger = self._ledger
-        per_verdict = HistogramMetricFamily(
-            "genrm_judge_verdict_output_tokens",
-            "Output tokens of the judge attempt that produced each verdict.",
-        )
-        per_verdict.add_metric([], ledger.per_verdict.cumulative(), ledger.per_verdict.total)
-        yield per_verdict
-        yield _counter(
-            "genrm_judge_wasted_output_tokens",
-            "Output tokens of judge attempts that produced no verdict (runaways cut by the "
-            "budget, unparseable or empty answers).",
-            ledger.wasted,
-        )
-        yield _counter(
-            "genrm_judge_adaptive_budget_cuts",
-            "Judge attempts that ran out of the adaptive output budget (judge.adaptive_budget) "
-            "below the configured max_output_tokens.",
-            ledger.adaptive_cuts,
-        )
-        yield _gauge(
-            "genrm_judge_streamed_tokens_in_flight",
-            "Output tokens streamed so far by judge requests still in flight (judge.stream).",
-            ledger.streamed_in_flight,
-        )
-        yield _counter(
-            "genrm_judge_first_token_timeouts",
-            "Streamed judge requests closed for sending no first token within "
-            "judge.first_token_timeout_s.",
-            ledger.first_token_timeouts,
-        )
-        if self._budget is not None and self._budget.current() is not None:
-            yield _gauge(
-                "genrm_judge_adaptive_budget_tokens",
-                "The adaptive output budget sent with judge attempts now.",
-                self._budget.current() or 0,
-            )
-
-
-class _FarmCollector(Collector):
-    """The judge farm, one series per endpoint (label ``endpoint``: its redacted URL)."""
-
-    def __init__(self, farm: Farm) -> None:
-        self._farm = farm
-
-    def collect(self) -> Iterable[Metric]:
-        from genrm_grpc.judge.farm import EndpointState
-
-        endpoints = list(self._farm.endpoints)
-        label = ["endpoint"]
-        in_flight = GaugeMetricFamily(
-            "genrm_judge_endpoint_in_flight", "Judge requests in flight per endpoint.", labels=label
-        )
-        state = GaugeMetricFamily(
-            "genrm_judge_endpoint_state",
-            "1 for the endpoint's current state (healthy, ejected, wrong_model, draining).",
-            labels=["endpoint", "state"],
-        )
-        hedge = GaugeMetricFamily(
-            "genrm_judge_endpoint_hedge_after_seconds",
-            "Current hedge point of the endpoint (absent: no hedging).",
-            labels=label,
-        )
-        waiting = GaugeMetricFamily(
-            "genrm_judge_endpoint_queue_waiting",
-            "vllm:num_requests_waiting as last scraped (judge.scrape_metrics_s).",
-            labels=label,
-        )
-        requests = CounterMetricFamily(
-            "genrm_judge_endpoint_requests", "Judge requests sent per endpoint.", labels=label
-        )
-        failures = CounterMetricFamily(
-            "genrm_judge_endpoint_failures",
-            "Requests that counted against the endpoint (transport, 5xx, deadline, beaten by "
-            "a hedge).",
-            labels=label,
-        )
-        hedges = CounterMetricFamily(
-            "genrm_judge_endpoint_hedges", "Hedged requests sent to the endpoint.", labels=label
-        )
-        ejections = CounterMetricFamily(
-            "genrm_judge_endpoint_ejections",
-            "Times the endpoint was taken out (outlier ejection or wrong model).",
-            labels=label,
-        )
-        tokens = CounterMetricFamily(
-            "genrm_judge_endpoint_tokens",
-            "Judge tokens per endpoint: input, output, cached (input tokens the judge served "
-            "from its prefix cache).",
-            labels=["endpoint", "kind"],
-        )
-        latency = HistogramMetricFamily(
-            "genrm_judge_endpoint_request_seconds",
-            "Latency of the endpoint's answered (2xx) requests.",
-            labels=label,
-        )
-        for e in endpoints:
-            name = [e.display]
-            in_flight.add_metric(name, e.in_flight)
-            for s in EndpointState:
-                state.add_metric([e.display, s.value], int(e.state is s))
-            point = self._farm.hedge_after(e)
-            if point is not None:
-                hedge.add_metric(name, point)
-            if e.queue_waiting is not None:
-                waiting.add_metric(name, e.queue_waiting)
-            requests.add_metric(name, e.requests)
-            failures.add_metric(name, e.failures)
-            hedges.add_metric(name, e.hedges)
-            ejections.add_metric(name, e.ejections_total)
-            tokens.add_metric([e.display, "input"], e.input_tokens)
-            tokens.add_metric([e.display, "output"], e.output_tokens)
-            tokens.add_metric([e.display, "cached"], e.cached_tokens)
-            latency.add_metric(name, e.latency.cumulative(), e.latency.total)
-        affinity = CounterMetricFamily(
-            "genrm_judge_affinity",
-            "Judge requests with a cohort key: sent to the cohort's preferred endpoint "
-            "(kept) or past it because it was over the load bound (spilled).",
-            labels=["result"],
-        )
-        affinity.add_metric(["kept"], self._farm.affinity_kept)
-        affinity.add_metric(["spilled"], self._farm.affinity_spilled)
-        yield affinity
-        yield from (
-            in_flight,
-            state,
-            hedge,
-            waiting,
-            requests,
-            failures,
-            hedges,
-            ejections,
-            tokens,
-            latency,
-        )
-
-
-class _StateCollector(Collector):
-    def __init__(self, runtime: CohortRuntime) -> None:
-        self._runtime = runtime
-
-    def collect(self) -> Iterable[Metric]:
-        runtime = self._runtime
-        registry = runtime.registry
-        census = runtime.census()
-        by_phase = GaugeMetricFamily("genrm_cohorts", "Active cohorts by phase.", labels=["phase"])
-        by_phase.add_metric([Phase.COLLECTING.value], census.collecting)
-        by_phase.add_metric([Phase.EVALUATING.value], census.evaluating)
-        yield by_phase
-        stats: Mapping[str, int] = runtime.stats()
-        yield _gauge("genrm_active_cohorts", "Cohorts not yet terminal.", stats["active_cohorts"])
-        yield _gauge(
-            "genrm_judge_queue_depth",
-            "Judge comparisons waiting for a permit (judge_max_concurrency).",
-            stats["judge_waiting"],
-        )
-        yield _gauge(
-            "genrm_judge_in_flight", "Judge comparisons holding a permit.", stats["judge_in_flight"]
-        )
-        yield _gauge("genrm_waiters", "Calls waiting for their cohort's outcome.", stats["waiters"])
-        yield _gauge(
-            "genrm_tombstones",
-            "Retained terminal cohorts (bounded by max_terminal_cohorts, cohort_result_ttl_s).",
-            census.tombstones,
-        )
-        yield _gauge(
-            "genrm_attempt_watermarks",
-            "Retained newest-attempt watermarks of explicit groups.",
-            census.watermarks,
-        )
-        yield _gauge(
-            "genrm_draining", "1 while the server is shutting down.", int(registry.draining)
-        )
-        yield _counter(
-            "genrm_judge_passes_reused",
-            "Judge passes answered from the verdict journal of an earlier attempt of the group.",
-            stats["passes_reused"],
-        )
-        yield _counter(
-            "genrm_judge_passes_resumed",
-            "Judge passes answered from the verdict journal after a restart.",
-            stats["passes_resumed"],
-        )
-        yield _counter(
-            "genrm_store_write_failures",
-            "Store writes that failed (the calls depending on them got STORE_UNAVAILABLE).",
-            stats["store_failures"],
-        )
-        if "takeovers" not in stats:
-            return
-        # Replicas on a shared store (docs/scaling.md): this replica's share of the work.
-        for name, key, documentation in (
-            (
-                "genrm_replica_takeovers",
-                "takeovers",
-                "Evaluations this replica took over after another replica's lease expired.",
-            ),
-            (
-                "genrm_replica_leases_lost",
-                "leases_lost",
-                "Evaluation leases this replica lost (renewal refused or Redis unreachable "
-                "past the lease): it stopped judging that cohort.",
-            ),
-            (
-                "genrm_replica_lease_renewals",
-                "lease_renewals",
-                "Evaluation lease renewals by this replica.",
-            ),
-            ("genrm_replica_group_commits", "group_commits", "Group commits this replica sent."),
-            (
-                "genrm_replica_commit_conflicts",
-                "commit_conflicts",
-                "Group commits refused because another replica changed the group first "
-                "(decided again on the new state).",
-            ),
-        ):
-            yield _counter(name, documentation, stats[key])
-        yield _gauge(
-            "genrm_replica_evaluating",
-            "Cohorts this replica is evaluating under its lease.",
-            stats["evaluating_here"],
-        )
-
-
-def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, documentation)
-    family.add_metric([], value)
-    return family
-
-
-def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, value=value)
 
 
 class MetricsEndpoint:

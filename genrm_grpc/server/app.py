@@ -1,13 +1,14 @@
-"""Assembles and runs the server: judge client, registry, runtime, gRPC, health, reflection."""
+"""Assembles and runs the server: judge client, registry, runtime, gRPC, health, reflection.
+
+Where it listens and with which gRPC options is ``server/listen.py`` (re-exported here).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import gc
 import logging
 import signal
-import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,12 @@ from genrm_grpc.server.admission import Admission
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.documented_reflection import enable_documented_reflection
 from genrm_grpc.server.interceptors import UndecodableRequestInterceptor
+from genrm_grpc.server.listen import (
+    KEEPALIVE_OPTIONS,
+    ListenError,
+    check_listen,
+    server_options,
+)
 from genrm_grpc.server.overload import ConcurrentCallLimit
 from genrm_grpc.server.security import Principals, TokenAuthInterceptor, server_credentials
 from genrm_grpc.server.servicer import CohortServicer
@@ -42,6 +49,19 @@ from genrm_grpc.store.memory import MemoryStore
 
 if TYPE_CHECKING:
     from genrm_grpc.observability.tracing import Tracing
+
+__all__ = [
+    "FLUSH_S",
+    "KEEPALIVE_OPTIONS",
+    "SERVICE_NAME",
+    "CohortServer",
+    "ListenError",
+    "check_listen",
+    "freeze_startup_state",
+    "judge_identity",
+    "run",
+    "server_options",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,102 +83,9 @@ def judge_identity(settings: Settings) -> dict[str, object]:
     }
 
 
-# Keepalive policy. Collectors ping every 30 s to keep idle channels through NATs and
-# load balancers alive: the server accepts pings down to every 20 s (two strikes, then
-# GOAWAY), and pings idle clients itself every 60 s to drop dead connections.
-KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_ping_strikes", 2),
-)
-
-
-def server_options(settings: Settings) -> list[tuple[str, int]]:
-    # gRPC's own hard limit sits above ours so oversized members get our typed error.
-    hard_limit = settings.max_message_bytes * 2 + (1 << 20)
-    options = [
-        ("grpc.max_receive_message_length", hard_limit),
-        ("grpc.max_send_message_length", hard_limit),
-        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
-        # grpc-core's pending queue (arrived, not yet picked up): past the soft limit it
-        # refuses calls at random, past the hard one always, each with a bare CANCELLED.
-        ("grpc.server.max_pending_requests", settings.max_pending_rpcs),
-        ("grpc.server.max_pending_requests_hard_limit", settings.max_pending_rpcs),
-        # grpcio turns SO_REUSEPORT on by default, so a second server on a busy port
-        # starts and silently takes part of the traffic. Only on explicit request.
-        ("grpc.so_reuseport", int(settings.listen_reuse_port)),
-        *KEEPALIVE_OPTIONS,
-    ]
-    # Connection lifetime (off unless configured): after max_connection_age_s a client
-    # gets GOAWAY and reconnects (spreading load over new replicas); calls still running
-    # get max_connection_age_grace_s to finish. An idle connection is closed after
-    # max_connection_idle_s.
-    for key, seconds in (
-        ("grpc.max_connection_age_ms", settings.max_connection_age_s),
-        ("grpc.max_connection_age_grace_ms", settings.max_connection_age_grace_s),
-        ("grpc.max_connection_idle_ms", settings.max_connection_idle_s),
-    ):
-        if seconds is not None:
-            options.append((key, max(1, round(seconds * 1000))))
-    return options
-
-
 #: After the runtime published every outcome of the drain, how long handlers get to
 #: write them before the remaining calls are cancelled.
 FLUSH_S = 5.0
-
-
-class ListenError(OSError):
-    """The server cannot listen on its address; the message is one line."""
-
-
-def _split_host_port(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def check_listen(listen: str, *, reuse_port: bool, what: str = "listen") -> None:
-    """Bind (and release) ``listen`` as the server will, to refuse a busy or foreign address.
-
-    gRPC only reports "Failed to bind" (the cause goes to its own log), so the address is
-    tried with a plain socket first: the operator gets the operating system's reason in
-    one line. Port 0 (any free port) always passes.
-    """
-    host, port = _split_host_port(listen)
-    if port == 0:
-        return
-    label = "" if what == "listen" else f" ({what})"
-    try:
-        infos = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except socket.gaierror as exc:
-        raise ListenError(f"cannot listen on {listen}{label}: {exc.strerror}") from None
-    failures: list[OSError] = []
-    for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if reuse_port and hasattr(socket, "SO_REUSEPORT"):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                failures.append(exc)
-    # A port in use anywhere is refused. Other failures only matter when no address
-    # binds: gRPC serves on the addresses it can (``localhost`` without IPv6, say).
-    busy = [exc for exc in failures if exc.errno == errno.EADDRINUSE]
-    if busy or (failures and len(failures) == len(infos)):
-        first = (busy or failures)[0]
-        reason = (first.strerror or str(first)).lower()
-        hint = ""
-        if busy and what == "listen":
-            hint = (
-                " (another process listens there; stop it, pick another port, or set "
-                "listen_reuse_port: true to share the port on purpose)"
-            )
-        raise ListenError(f"cannot listen on {listen}{label}: {reason}{hint}")
 
 
 class CohortServer:
@@ -185,111 +112,26 @@ class CohortServer:
             self.tracing = _tracing(settings, tracer_provider)
             judge_observer = FanoutJudgeObserver(self.metrics, self.tracing)
             runtime_observer = FanoutRuntimeObserver(self.metrics, self.tracing)
-        self.judge_readiness = JudgeReadiness(settings.judge_unreachable_window_s)
-        self.judge = JudgeClient(
-            settings,
-            observer=judge_observer,
-            reachability=self.judge_readiness,
-            on_hedge=self.metrics.judge_hedged,
-        )
-        self.judge_monitor = JudgeMonitor(
-            self.judge,
-            self.judge_readiness,
-            probe=settings.judge_probe,
-            probe_timeout_s=settings.judge_probe_timeout_s,
-            on_change=self._judge_readiness_changed,
-        )
+        self._judge_ready = True
+        self._store_ready = True
+        self._build_judge(judge_observer)
         self._judge_monitor_task: asyncio.Task[None] | None = None
-        self.farm_prober = FarmProber(
-            self.judge,
-            self.judge_readiness,
-            probe_interval_s=settings.judge.probe_interval_s,
-            probe_timeout_s=settings.judge_probe_timeout_s,
-            scrape_metrics_s=settings.judge.scrape_metrics_s,
-        )
         self._farm_task: asyncio.Task[None] | None = None
-        self.discovery: Any = None  # a judge.discovery.DnsDiscovery with discovery: dns
-        if settings.judge.discovery == "dns":
-            # Imported here: dnspython is needed only with DNS discovery.
-            from genrm_grpc.judge.discovery import DnsDiscovery
-
-            self.discovery = DnsDiscovery(
-                settings.judge.url,
-                interval_s=settings.judge.discovery_interval_s,
-                on_change=self.judge.farm.set_urls,
-                nameserver=settings.judge.discovery_nameserver,
-            )
         self._discovery_task: asyncio.Task[None] | None = None
         # Every component reads its own scoped view of the one Settings: nothing copied.
         self.registry = CohortRegistry(settings, MemoryStore(settings))
-        store = store_from_url(settings.store, max_tombstones=settings.max_terminal_cohorts)
-        self._judge_ready = True
-        self._store_ready = True
-        self.runtime: CohortRuntime
-        if settings.store.startswith("redis:"):
-            # Replicas sharing one Redis (docs/scaling.md); imported here so that a
-            # server on a file or in memory never loads the Redis client.
-            from genrm_grpc.runtime.replica import ReplicaRuntime
-            from genrm_grpc.store.redis import RedisStore
-            from genrm_grpc.store.shared import SharedGroups
-
-            assert isinstance(store, RedisStore)
-            shared = SharedGroups(store, lease_s=settings.replica_lease_s)
-            shared.on_round_trip = self.metrics.store_round_trip.observe
-            self.runtime = ReplicaRuntime(
-                self.registry,
-                judge_backend or self.judge,
-                settings,
-                shared=shared,
-                observer=runtime_observer,
-                judge_identity=judge_identity(settings),
-                on_store_health=self._store_health_changed,
-            )
-        else:
-            self.runtime = CohortRuntime(
-                self.registry,
-                judge_backend or self.judge,
-                settings,
-                observer=runtime_observer,
-                store=store,
-                judge_identity=judge_identity(settings),
-            )
+        self.runtime = self._build_runtime(judge_backend or self.judge, runtime_observer)
         self.metrics.attach_runtime(self.runtime)
         self.metrics.attach_farm(self.judge.farm)
         self.metrics.attach_tokens(self.judge.tokens, self.judge.budget)
-        interceptors: list[Any] = []
-        if self.tracing is not None:
-            from genrm_grpc.observability.tracing import TracingInterceptor
-
-            # First, so that refused calls are traced too.
-            interceptors.append(TracingInterceptor(self.tracing.tracer))
-        if settings.auth is not None:
-            interceptors.append(
-                TokenAuthInterceptor(settings.auth.tokens(), on_denied=self.metrics.auth_denied)
-            )
-        # After auth: an unauthenticated call is refused as such, and never counted.
         self.call_limit = ConcurrentCallLimit(
             settings.max_concurrent_rpcs, on_refused=self.metrics.calls_refused_overloaded.inc
         )
         self.metrics.calls_in_progress.set_function(lambda: self.call_limit.in_progress)
-        interceptors.append(self.call_limit)
-        # Last: the innermost, so a refused caller learns nothing from undecodable bytes.
-        interceptors.append(UndecodableRequestInterceptor())
-        self.server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
-        self.admission = Admission(
-            default_group_size=settings.num_rollouts_per_prompt,
-            mode=settings.comparison_mode,
-            max_message_bytes=settings.max_message_bytes,
-            max_call_wait_s=settings.max_call_wait_s,
-            stream_limits=settings,
-            pass_count=settings.pass_plan().pass_count,
-            bounds=FieldBounds(settings),
-            principals=Principals(
-                settings.auth.principals() if settings.auth is not None else None,
-                certificates=settings.tls is not None and settings.tls.client_ca_file is not None,
-            ),
-            max_compare_passes_per_principal=settings.max_compare_passes_per_principal,
+        self.server = grpc.aio.server(
+            interceptors=self._interceptors(), options=server_options(settings)
         )
+        self.admission = _admission(settings)
         self.servicer = CohortServicer(
             self.runtime, self.admission, observer=self.metrics, tracer=self.tracing
         )
@@ -305,6 +147,96 @@ class CohortServer:
             )
         self.port = 0
         self._stopping: asyncio.Task[None] | None = None
+
+    def _build_judge(self, observer: JudgeObserver) -> None:
+        """The judge client and what watches it: readiness, its monitor, the farm prober
+        and, with ``discovery: dns``, the discovery that keeps the farm's URLs."""
+        settings = self.settings
+        self.judge_readiness = JudgeReadiness(settings.judge_unreachable_window_s)
+        self.judge = JudgeClient(
+            settings,
+            observer=observer,
+            reachability=self.judge_readiness,
+            on_hedge=self.metrics.judge_hedged,
+        )
+        self.judge_monitor = JudgeMonitor(
+            self.judge,
+            self.judge_readiness,
+            probe=settings.judge_probe,
+            probe_timeout_s=settings.judge_probe_timeout_s,
+            on_change=self._judge_readiness_changed,
+        )
+        self.farm_prober = FarmProber(
+            self.judge,
+            self.judge_readiness,
+            probe_interval_s=settings.judge.probe_interval_s,
+            probe_timeout_s=settings.judge_probe_timeout_s,
+            scrape_metrics_s=settings.judge.scrape_metrics_s,
+        )
+        self.discovery: Any = None  # a judge.discovery.DnsDiscovery with discovery: dns
+        if settings.judge.discovery == "dns":
+            # Imported here: dnspython is needed only with DNS discovery.
+            from genrm_grpc.judge.discovery import DnsDiscovery
+
+            self.discovery = DnsDiscovery(
+                settings.judge.url,
+                interval_s=settings.judge.discovery_interval_s,
+                on_change=self.judge.farm.set_urls,
+                nameserver=settings.judge.discovery_nameserver,
+            )
+
+    def _build_runtime(self, backend: JudgeBackend, observer: RuntimeObserver) -> CohortRuntime:
+        """The runtime for the configured store: replicas sharing one Redis, or one
+        process on a file or in memory."""
+        settings = self.settings
+        store = store_from_url(settings.store, max_tombstones=settings.max_terminal_cohorts)
+        if not settings.store.startswith("redis:"):
+            return CohortRuntime(
+                self.registry,
+                backend,
+                settings,
+                observer=observer,
+                store=store,
+                judge_identity=judge_identity(settings),
+            )
+        # Replicas sharing one Redis (docs/scaling.md); imported here so that a server on
+        # a file or in memory never loads the Redis client.
+        from genrm_grpc.runtime.replica import ReplicaRuntime
+        from genrm_grpc.store.redis import RedisStore
+        from genrm_grpc.store.shared import SharedGroups
+
+        assert isinstance(store, RedisStore)
+        shared = SharedGroups(store, lease_s=settings.replica_lease_s)
+        shared.on_round_trip = self.metrics.store_round_trip.observe
+        return ReplicaRuntime(
+            self.registry,
+            backend,
+            settings,
+            shared=shared,
+            observer=observer,
+            judge_identity=judge_identity(settings),
+            on_store_health=self._store_health_changed,
+        )
+
+    def _interceptors(self) -> list[Any]:
+        """Outermost first: tracing, bearer auth, the concurrent-call limit, decoding."""
+        interceptors: list[Any] = []
+        if self.tracing is not None:
+            from genrm_grpc.observability.tracing import TracingInterceptor
+
+            # First, so that refused calls are traced too.
+            interceptors.append(TracingInterceptor(self.tracing.tracer))
+        if self.settings.auth is not None:
+            interceptors.append(
+                TokenAuthInterceptor(
+                    self.settings.auth.tokens(), on_denied=self.metrics.auth_denied
+                )
+            )
+        # After auth: an unauthenticated call is refused as such, and never counted.
+        interceptors.append(self.call_limit)
+        # Last: the innermost, so a refused caller learns nothing from undecodable bytes.
+        interceptors.append(UndecodableRequestInterceptor())
+        return interceptors
 
     async def start(self) -> int:
         """Bind and start; a busy or foreign address raises :class:`ListenError`, a store
@@ -451,6 +383,24 @@ def _tracing(settings: Settings, provider: Any) -> Tracing:
             f"tracing.enabled needs the [otel] extra (pip install 'genrm-grpc[otel]'): {exc}"
         ) from exc
     return Tracing(provider if provider is not None else build_provider(settings.tracing))
+
+
+def _admission(settings: Settings) -> Admission:
+    """The checks every call passes before the runtime sees it, from the settings."""
+    return Admission(
+        default_group_size=settings.num_rollouts_per_prompt,
+        mode=settings.comparison_mode,
+        max_message_bytes=settings.max_message_bytes,
+        max_call_wait_s=settings.max_call_wait_s,
+        stream_limits=settings,
+        pass_count=settings.pass_plan().pass_count,
+        bounds=FieldBounds(settings),
+        principals=Principals(
+            settings.auth.principals() if settings.auth is not None else None,
+            certificates=settings.tls is not None and settings.tls.client_ca_file is not None,
+        ),
+        max_compare_passes_per_principal=settings.max_compare_passes_per_principal,
+    )
 
 
 def freeze_startup_state() -> int:

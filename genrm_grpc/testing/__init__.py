@@ -18,7 +18,7 @@ from genrm_grpc.testing.faults import (
     parse_latency_spec,
 )
 from genrm_grpc.testing.heuristic import fake_score, fake_verdict, pair_key, verdict_text
-from genrm_grpc.testing.server import FakeJudgeServer
+from genrm_grpc.testing.inprocess import FakeJudgeServer
 
 __all__ = [
     "FAULT_KINDS",

@@ -4,6 +4,10 @@ Also runnable as ``python -m genrm_grpc.testing.cli``. It prints
 ``fake-judge listening on URL`` once it serves, then runs until SIGTERM or SIGINT. It
 listens on port 8000 by default, the port ``judge.url`` names by default; a port already
 in use is one line on stderr and exit status 2.
+
+``_build_parser`` is over 60 lines and stays whole: it is a flat table of the fake
+judge's options (one ``add_argument`` per fault, latency and node knob, in the order
+``--help`` lists them), and cutting it into pieces would only scatter that table.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from genrm_grpc.testing.faults import (
     FAULT_KINDS,
     FakeJudgeConfig,
 )
+from genrm_grpc.testing.inprocess import FakeJudgeServer
 from genrm_grpc.testing.node import HEALTH_CHOICES, MODES, NodeConfig
-from genrm_grpc.testing.server import FakeJudgeServer
 
 DEFAULT_PORT = 8000
 """The port ``judge.url`` names by default, so the two meet without flags."""

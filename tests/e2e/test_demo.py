@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from genrm_grpc.demo import restart_act
+from genrm_grpc.demo_restart import restart_act
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from genrm_grpc.judge.client import _decode_json, _encode, _read_answer, _read_usage
+from genrm_grpc.judge.wire import decode_json, encode, read_answer, read_usage
 
 # Bodies orjson refuses and json.loads reads: they must decode exactly as before.
 JSON_ONLY_BODIES = [
@@ -18,7 +18,7 @@ JSON_ONLY_BODIES = [
 
 @pytest.mark.parametrize("raw", JSON_ONLY_BODIES)
 def test_bodies_orjson_refuses_decode_as_json_decodes_them(raw: bytes) -> None:
-    decoded = _decode_json(raw)
+    decoded = decode_json(raw)
     # NaN != NaN: compare the re-encoded text, which json writes the same for both.
     assert json.dumps(decoded) == json.dumps(json.loads(raw))
 
@@ -28,7 +28,7 @@ def test_bodies_json_refuses_are_refused_as_value_errors(raw: bytes) -> None:
     with pytest.raises(ValueError):
         json.loads(raw)
     with pytest.raises(ValueError):
-        _decode_json(raw)
+        decode_json(raw)
 
 
 def test_nesting_too_deep_for_json_fails_as_it_did_with_json() -> None:
@@ -36,7 +36,7 @@ def test_nesting_too_deep_for_json_fails_as_it_did_with_json() -> None:
     with pytest.raises(RecursionError):
         json.loads(raw)
     with pytest.raises(RecursionError):
-        _decode_json(raw)
+        decode_json(raw)
 
 
 @pytest.mark.parametrize("tokens", [2**64 - 1, 2**64, 123456789012345678901234567890])
@@ -46,10 +46,10 @@ def test_token_counts_beyond_64_bits_read_the_same_from_either_decoder(tokens: i
         b'[{"type": "output_text", "text": "ok"}]}], '
         b'"usage": {"input_tokens": %d, "output_tokens": 7}}' % tokens
     )
-    fast, slow = _decode_json(raw), json.loads(raw)
-    assert _read_usage(fast, "responses") == _read_usage(slow, "responses")
-    assert _read_answer(fast, "responses") == _read_answer(slow, "responses")
-    usage = _read_usage(fast, "responses")
+    fast, slow = decode_json(raw), json.loads(raw)
+    assert read_usage(fast, "responses") == read_usage(slow, "responses")
+    assert read_answer(fast, "responses") == read_answer(slow, "responses")
+    usage = read_usage(fast, "responses")
     assert usage is not None
     assert usage.input_tokens == (tokens if tokens < 2**64 else 0)
 
@@ -63,9 +63,9 @@ def test_request_bodies_encode_the_same_json_as_json_dumps() -> None:
         "temperature": 0.6,
         "top_p": 1.0,
     }
-    assert json.loads(_encode(payload)) == payload
+    assert json.loads(encode(payload)) == payload
 
 
 def test_a_lone_surrogate_is_encoded_as_json_dumps_encodes_it() -> None:
     payload = {"metadata": {"response_1": "x\ud800y"}}
-    assert _encode(payload) == json.dumps(payload).encode("utf-8")
+    assert encode(payload) == json.dumps(payload).encode("utf-8")

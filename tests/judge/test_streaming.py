@@ -22,10 +22,9 @@ from genrm_grpc.judge.client import (
     JudgeFailedError,
     JudgeInput,
     JudgeProgress,
-    _read_answer,
-    _read_usage,
 )
 from genrm_grpc.judge.sse import SSEAnswer, StreamError, StreamTooLarge
+from genrm_grpc.judge.wire import read_answer, read_usage
 from genrm_grpc.testing import FakeJudgeConfig, FakeJudgeServer
 from genrm_grpc.testing.faults import ADVERSARIAL_KINDS
 from genrm_grpc.testing.node import NodeConfig
@@ -158,7 +157,7 @@ def test_the_reassembled_stream_reads_as_the_body_with_the_same_answer_and_usage
     api: str, fault: str
 ) -> None:
     """Below the client: the fake's raw stream, fed in 7-byte pieces, reassembles into
-    what ``_read_answer``/``_read_usage`` read from the non-streamed body."""
+    what ``read_answer``/``read_usage`` read from the non-streamed body."""
     faults = {} if fault == "ok" else {f"{fault}_first_n": 9}
     extra: dict[str, Any] = {"max_output_tokens" if api == "responses" else "max_tokens": 64}
     read = {}
@@ -174,10 +173,10 @@ def test_the_reassembled_stream_reads_as_the_body_with_the_same_answer_and_usage
             tokens = sum(answer.feed(raw[k : k + 7]) for k in range(0, len(raw), 7))
             assert answer.done
             decoded = answer.body()
-            assert tokens == _read_usage(decoded, api).output_tokens  # type: ignore[arg-type, union-attr]
+            assert tokens == read_usage(decoded, api).output_tokens  # type: ignore[arg-type, union-attr]
         else:
             decoded = json.loads(raw)
-        read[stream] = (_read_answer(decoded, api), _read_usage(decoded, api))  # type: ignore[arg-type]
+        read[stream] = (read_answer(decoded, api), read_usage(decoded, api))  # type: ignore[arg-type]
     assert read[True] == read[False]
 
 
@@ -189,7 +188,7 @@ def test_a_chat_stream_without_content_reads_as_an_answer_without_content() -> N
     answer.feed(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\r\n\r\n')
     answer.feed(b"data: [DONE]\n\n")
     assert answer.done and answer.tokens == 0
-    assert _read_answer(answer.body(), "chat_completions") == ("", "completed")
+    assert read_answer(answer.body(), "chat_completions") == ("", "completed")
 
 
 def test_a_chat_stream_with_no_choice_reads_as_a_body_without_choices() -> None:
@@ -199,7 +198,7 @@ def test_a_chat_stream_with_no_choice_reads_as_a_body_without_choices() -> None:
         b"data: [DONE]\n\n"
     )
     with pytest.raises(ValueError, match="'choices' is missing"):
-        _read_answer(answer.body(), "chat_completions")
+        read_answer(answer.body(), "chat_completions")
 
 
 def test_stream_errors_and_oversized_answers_are_typed() -> None:

@@ -1,0 +1,111 @@
+"""Which records a cohort becomes (header, members, tombstone, the records that end it),
+and a cohort rebuilt from them; the record types themselves are ``cohort/records.py``'s.
+
+Record times are wall-clock, a registry's are ``now``-based: ``offset`` is the
+registry's ``wall_offset`` (wall minus ``now``). ``genrm_grpc.cohort.registry`` decides
+when a record is written; these functions say what it holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from genrm_grpc.cohort.model import (
+    CandidateSpec,
+    Cohort,
+    CohortKey,
+    Member,
+    Outcome,
+    Tombstone,
+)
+from genrm_grpc.cohort.records import (
+    CohortRecord,
+    CohortStore,
+    DropCohort,
+    MemberRecord,
+    Record,
+    RecoveredCohort,
+    TombstoneRecord,
+    WatermarkRecord,
+)
+
+
+def cohort_record(cohort: Cohort, offset: float) -> CohortRecord:
+    """The cohort's header: identity, prompt, phase and deadlines (wall-clock)."""
+    deadline = cohort.evaluation_deadline
+    return CohortRecord(
+        key=cohort.key,
+        seq=cohort.seq,
+        group_size=cohort.group_size,
+        prompt=cohort.prompt,
+        prompt_digest=cohort.prompt_digest,
+        phase=cohort.phase,
+        created_at=cohort.created_at + offset,
+        collection_deadline=cohort.collection_deadline + offset,
+        evaluation_deadline=None if deadline is None else deadline + offset,
+        follows_attempt=cohort.follows_attempt,
+    )
+
+
+def member_record(key: CohortKey, member: Member) -> MemberRecord:
+    return MemberRecord(key, member.coords, member.candidate.digest, member.candidate.texts)
+
+
+def restored_cohort(entry: RecoveredCohort, offset: float) -> Cohort:
+    """The active cohort a store held at start-up, collecting, its instants ``now``-based
+    again (the registry fills it when its header says it was filled before)."""
+    head = entry.header
+    members = {
+        m.coords.rollout_index: Member(m.coords, CandidateSpec(m.texts, m.digest))
+        for m in entry.members
+    }
+    return Cohort(
+        key=head.key,
+        seq=head.seq,
+        group_size=head.group_size,
+        prompt=head.prompt,
+        prompt_digest=head.prompt_digest,
+        created_at=head.created_at - offset,
+        collection_deadline=head.collection_deadline - offset,
+        members=members,
+        follows_attempt=head.follows_attempt,
+    )
+
+
+def active_records(cohort: Cohort, offset: float) -> list[Record]:
+    """An active cohort's header and members, as records."""
+    members = (member_record(cohort.key, m) for m in cohort.members.values())
+    return [cohort_record(cohort, offset), *members]
+
+
+def tombstone_of(
+    cohort: Cohort, digests: Mapping[int, str], outcome: Outcome, finished_at: float
+) -> Tombstone:
+    """What the ended ``cohort`` leaves behind (``finished_at`` wall-clock)."""
+    return Tombstone(
+        key=cohort.key,
+        group_size=cohort.group_size,
+        prompt_digest=cohort.prompt_digest,
+        digests=digests,
+        outcome=outcome,
+        finished_at=finished_at,
+    )
+
+
+def final_records(
+    key: CohortKey, store: CohortStore, result_ttl_s: float, offset: float
+) -> list[Record]:
+    """The records that ended the cohort under ``key``, from what ``store`` retains:
+    its drop, its tombstone and its group's watermark (whatever their age)."""
+    tomb = store.tombstone(key, -math.inf)
+    records: list[Record] = [DropCohort(key, keep_verdicts=tomb is not None)]
+    if tomb is not None:
+        records.append(TombstoneRecord(tomb, tomb.finished_at + result_ttl_s))
+    scope = key.group_scope
+    if scope is not None:
+        attempt = store.watermark(scope, -math.inf)
+        if attempt is not None:
+            expires = tomb.finished_at if tomb is not None else offset
+            records.append(WatermarkRecord(scope, attempt, expires + result_ttl_s))
+    return records
