@@ -50,6 +50,9 @@ class _Context:
     async def abort(self, *args: Any) -> None:
         raise RuntimeError(f"aborted: {args}")
 
+    async def send_initial_metadata(self, metadata: Any) -> None:
+        """The servicer names its instance in the initial metadata; nobody reads it here."""
+
 
 def _server() -> CohortServer:
     settings = Settings(

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from genrm_grpc.cohort.model import Cohort, CohortKey
+from genrm_grpc.cohort.model import Cohort, CohortKey, Phase
 
 
 class ActiveCohorts:
     """Every active cohort of one registry, and the counts its capacity rules read."""
 
-    __slots__ = ("_by_group", "_by_key", "_by_principal", "_elsewhere", "_elsewhere_by_principal")
+    __slots__ = (
+        "_by_group",
+        "_by_key",
+        "_by_principal",
+        "_elsewhere",
+        "_elsewhere_by_principal",
+        "_frozen",
+    )
 
     def __init__(self) -> None:
         self._by_key: dict[CohortKey, Cohort] = {}
@@ -25,6 +32,9 @@ class ActiveCohorts:
         self._by_principal: dict[str, int] = {}
         self._elsewhere = 0
         self._elsewhere_by_principal: dict[str, int] = {}
+        #: Keys of the cohorts held that are frozen (EVALUATING): the gauges read its
+        #: size instead of walking every cohort.
+        self._frozen: set[CohortKey] = set()
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -50,10 +60,22 @@ class ActiveCohorts:
         scope = key.group_scope
         if scope is not None:
             self._by_group.setdefault(scope, {})[key.attempt] = cohort
+        if cohort.phase is Phase.EVALUATING:
+            self._frozen.add(key)
+
+    def froze(self, cohort: Cohort) -> None:
+        """``cohort``, held, has just entered EVALUATING."""
+        if cohort.key in self._by_key:
+            self._frozen.add(cohort.key)
+
+    def evaluating(self) -> int:
+        """How many of the cohorts held are frozen (the rest are collecting)."""
+        return len(self._frozen)
 
     def remove(self, cohort: Cohort) -> None:
         """Forget ``cohort`` in every index (nothing happens when it is not held)."""
         key = cohort.key
+        self._frozen.discard(key)
         if self._by_key.pop(key, None) is not None:
             left = self._by_principal[key.principal] - 1
             if left:
@@ -73,6 +95,7 @@ class ActiveCohorts:
         self._by_key.clear()
         self._by_group.clear()
         self._by_principal.clear()
+        self._frozen.clear()
         return held
 
     def count_elsewhere(self, total: int, by_principal: Mapping[str, int]) -> None:

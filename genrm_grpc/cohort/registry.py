@@ -166,6 +166,10 @@ class CohortRegistry:
     def active_cohorts(self) -> list[Cohort]:
         return self._active.cohorts()
 
+    def evaluating_count(self) -> int:
+        """Active cohorts that are frozen and judged (the others collect), kept as they go."""
+        return self._active.evaluating()
+
     def latest_attempt(self, group_id: str, now: float, principal: str = ANONYMOUS) -> int | None:
         return self.store.watermark(group_scope(principal, group_id), now)
 
@@ -405,6 +409,7 @@ class CohortRegistry:
             cohort.phase = transition(cohort.phase, Event.JOINED)
         else:
             fill(cohort, now + self.config.cohort_evaluation_timeout_s)
+            self._active.froze(cohort)
             if journal:
                 self._outbox.append(cohort_record(cohort, self.wall_offset))
             frozen = True

@@ -25,8 +25,7 @@ if TYPE_CHECKING:
     from genrm_grpc.judge.budget import AdaptiveBudget, TokenLedger
     from genrm_grpc.judge.endpoint import Endpoint
     from genrm_grpc.judge.farm import Farm
-    from genrm_grpc.runtime.engine import CohortRuntime
-    from genrm_grpc.runtime.live import Census
+    from genrm_grpc.runtime.live import Census, Runtime
 
 
 class TokenCollector(Collector):
@@ -217,7 +216,7 @@ _REPLICA_COUNTERS = (
 class StateCollector(Collector):
     """The runtime's, registry's and store's state, read at scrape time."""
 
-    def __init__(self, runtime: CohortRuntime) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
 
     def collect(self) -> Iterable[Metric]:
@@ -261,7 +260,7 @@ class StateCollector(Collector):
             "Retained newest-attempt watermarks of explicit groups.",
             census.watermarks,
         )
-        draining = int(self._runtime.registry.draining)
+        draining = int(self._runtime.draining)
         yield _gauge("genrm_draining", "1 while the server is shutting down.", draining)
 
     @staticmethod

@@ -27,7 +27,7 @@ from genrm_grpc.observability.hooks import CohortOutcome, ComparisonOutcome
 if TYPE_CHECKING:
     from genrm_grpc.judge.budget import AdaptiveBudget, TokenLedger
     from genrm_grpc.judge.farm import Farm
-    from genrm_grpc.runtime.engine import CohortRuntime
+    from genrm_grpc.runtime.live import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class ServerMetrics:
         for why in ("missing", "invalid"):
             self.unauthenticated.labels(why)
 
-    def attach_runtime(self, runtime: CohortRuntime) -> None:
+    def attach_runtime(self, runtime: Runtime) -> None:
         """Gauges read from the runtime, the registry and the store at scrape time."""
         self.registry.register(StateCollector(runtime))
 

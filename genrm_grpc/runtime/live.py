@@ -1,6 +1,7 @@
 """What both runtimes hand their callers, and the state they keep per live cohort.
 
-A call gets a :class:`Ticket` (a :class:`Waiter`, a replayed tombstone or a rejection)
+:class:`Runtime` is what the servicer, the server and the metrics call, whichever runtime
+runs. A call gets a :class:`Ticket` (a :class:`Waiter`, a replayed tombstone or a rejection)
 or a :class:`CallInterrupted`; a cohort being collected or judged is a :class:`Live`:
 its waiters, timers, judge tasks and the lease it is judged under. The single-process
 runtime (``runtime/engine.py``) and the replicas' (``runtime/replica.py``) share these
@@ -10,30 +11,39 @@ types and the helpers that deliver an outcome or wait for a cohort's passes.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from genrm_grpc.cohort.identity import ComparisonMode
 from genrm_grpc.cohort.model import (
+    CandidateSpec,
     Cohort,
     CohortKey,
+    Completed,
+    Masked,
     Outcome,
+    PromptSpec,
     Reason,
     Rejection,
+    Submission,
     Tombstone,
 )
-from genrm_grpc.cohort.registry import Disposition
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition
 from genrm_grpc.judge.client import (
     JudgeInput,
     JudgeOutcome,
     JudgeProgress,
     TokenUsage,
 )
+from genrm_grpc.observability.hooks import CohortOutcome, RuntimeObserver
 from genrm_grpc.runtime.clock import TimerHandle
 from genrm_grpc.runtime.plan import PassPlan
 from genrm_grpc.scoring.types import JudgedPair, ScoringView
 from genrm_grpc.store.records import StoreError
+
+log = logging.getLogger(__name__)
 
 JudgeSchedule = Literal["after_collection", "eager"]
 
@@ -253,6 +263,35 @@ class Live:
     judge: JudgeProgress = field(default_factory=JudgeProgress)
 
 
+class Runtime(Protocol):
+    """The calls every runtime answers (``runtime/engine.py``, ``runtime/replica.py``)."""
+
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def judge_calls(self) -> int: ...
+    def now(self) -> float: ...
+    async def open(self) -> int: ...
+    async def submit(
+        self, sub: Submission, *, on_progress: ProgressCallback | None = None
+    ) -> Ticket: ...
+    async def view(self, key: CohortKey) -> tuple[CohortRegistry, float]: ...
+    async def cancel_cohort(self, key: CohortKey, reason: str) -> bool: ...
+    async def compare(
+        self, prompt: PromptSpec, candidates: Sequence[CandidateSpec]
+    ) -> Completed: ...
+    def passes_taken(self, key: CohortKey) -> tuple[int, int]: ...
+    def judge_progress(self, key: CohortKey) -> tuple[int, int]: ...
+    def stats(self) -> dict[str, int]: ...
+    def census(self) -> Census: ...
+    async def refresh_census(self) -> Census: ...
+    async def shutdown(self, grace_s: float) -> None: ...
+    def end_grace(self) -> None: ...
+    async def drain_tasks(self) -> None: ...
+    async def flush(self) -> None: ...
+    async def close(self) -> None: ...
+
+
 def deliver(waiters: list[Waiter], outcome: Outcome) -> None:
     for waiter in waiters:
         if not waiter.future.done():
@@ -341,3 +380,29 @@ def usage_metrics(usages: Sequence[TokenUsage | None]) -> dict[str, float]:
         "judge_output_tokens_wasted_total": float(sum(u.wasted_output_tokens for u in known)),
         "judge_adaptive_budget_cuts": float(sum(u.adaptive_cuts for u in known)),
     }
+
+
+def log_outcome(
+    observer: RuntimeObserver, cohort: Cohort, outcome: Outcome, waiters: int, age_s: float
+) -> None:
+    """One log line per ended cohort (built only when written) and the observer's count."""
+    kind: CohortOutcome
+    if isinstance(outcome, Completed):
+        kind, level, message, reason = "completed", logging.INFO, "cohort completed", None
+    elif isinstance(outcome, Masked):
+        kind, level, message = "masked", logging.WARNING, "cohort masked: judge failed"
+        reason = outcome.reason
+    else:
+        kind, level, message, reason = "failed", logging.WARNING, "cohort failed", outcome.reason
+    if log.isEnabledFor(level):
+        fields: dict[str, object] = {
+            "cohort": str(cohort.key),
+            "group_size": cohort.group_size,
+            "waiters": waiters,
+            "age_s": round(age_s, 3),
+            "outcome": kind,
+        }
+        if reason is not None:
+            fields["reason"] = reason
+        log.log(level, message, extra=fields)
+    observer.cohort_finished(cohort.key, kind, age_s)

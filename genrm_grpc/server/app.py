@@ -30,7 +30,7 @@ from genrm_grpc.observability.hooks import (
 )
 from genrm_grpc.observability.metrics import MetricsEndpoint, ServerMetrics
 from genrm_grpc.runtime.engine import CohortRuntime
-from genrm_grpc.runtime.live import JudgeBackend
+from genrm_grpc.runtime.live import JudgeBackend, Runtime
 from genrm_grpc.server.admission import Admission
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.documented_reflection import enable_documented_reflection
@@ -185,7 +185,7 @@ class CohortServer:
                 nameserver=settings.judge.discovery_nameserver,
             )
 
-    def _build_runtime(self, backend: JudgeBackend, observer: RuntimeObserver) -> CohortRuntime:
+    def _build_runtime(self, backend: JudgeBackend, observer: RuntimeObserver) -> Runtime:
         """The runtime for the configured store: replicas sharing one Redis, or one
         process on a file or in memory."""
         settings = self.settings

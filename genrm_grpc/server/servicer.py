@@ -37,11 +37,11 @@ from genrm_grpc.observability.hooks import (
     ServiceObserver,
     SubmitTracer,
 )
-from genrm_grpc.runtime.engine import CohortRuntime
 from genrm_grpc.runtime.live import (
     CallInterrupted,
     CompareCapacityError,
     ProgressCallback,
+    Runtime,
     Ticket,
 )
 from genrm_grpc.server import convert
@@ -68,7 +68,7 @@ def new_instance_id() -> str:
 class CohortServicer(pb_grpc.CohortServiceServicer):
     def __init__(
         self,
-        runtime: CohortRuntime,
+        runtime: Runtime,
         admission: Admission,
         *,
         observer: ServiceObserver | None = None,

@@ -269,7 +269,7 @@ class Process:
             await self.store.commit(acknowledge=False)
         self.store.dead = True
         self.store.held.clear()
-        tasks = [*self.calls, *self.runtime._owned]
+        tasks = [*self.calls, *self.runtime.judging.owned]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

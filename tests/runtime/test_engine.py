@@ -469,7 +469,7 @@ async def test_rewards_that_are_not_finite_or_not_one_per_member_fail_the_cohort
                 members = members[:-1]
             return GroupScores(tuple(members), scores.metrics)
 
-        monkeypatch.setattr("genrm_grpc.runtime.engine.aggregate", broken)
+        monkeypatch.setattr("genrm_grpc.runtime.scored.aggregate", broken)
     rt = make_runtime(judge, clock)
     tickets = fill(rt)
     cohort = cohort_of(rt)
@@ -924,3 +924,36 @@ async def test_an_eager_judge_failure_cancels_the_other_early_comparisons(
     assert all(outcome_now(t) is outcome for t in tickets)
     assert len(judge.calls) == 2  # the pairs (2,3) and (3,0) were never sent
     await assert_no_leaks(rt, judge=judge)
+
+
+# ---------------------------------------------------------------- gauges
+
+
+async def test_the_census_follows_each_cohort_through_its_phases_without_walking_them(
+    clock: ManualClock, judge: ScriptedJudge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = make_runtime(judge, clock)
+
+    def walked() -> list[Cohort]:
+        raise AssertionError("a scrape must not walk every active cohort")
+
+    monkeypatch.setattr(rt.registry, "active_cohorts", walked)
+
+    def phases() -> tuple[int, int]:
+        census = rt.census()
+        return census.collecting, census.evaluating
+
+    assert phases() == (0, 0)
+    first = [accepted(rt.decide(sub(i, gid="a"))) for i in range(2)]
+    accepted(rt.decide(sub(0, gid="b")))
+    assert phases() == (2, 0)
+    first.append(accepted(rt.decide(sub(2, gid="a"))))  # "a" freezes
+    assert phases() == (1, 1)
+    await until(lambda: len(judge.calls) == 3)
+    for call in judge.calls:
+        call.release(Verdict(3, 3, 3))
+    await until(lambda: all(done(t) for t in first))
+    assert phases() == (1, 0)
+    assert await rt.cancel_cohort(sub(0, gid="b").key, "test over")
+    assert phases() == (0, 0)
+    assert rt.census().tombstones == 2

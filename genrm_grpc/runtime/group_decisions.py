@@ -1,0 +1,333 @@
+"""How a replica decides one group's events: read, decide in a one-group registry,
+compare-and-set.
+
+For each burst of events about one cohort key, :class:`GroupDecisions` reads the group
+from the shared store (or takes the state its own last commit left), restores it into a
+registry holding only that group, applies the events there (the registry decides every
+rule), and commits the records with a compare-and-set on the group's version. A refused
+commit means another replica changed the group meanwhile: read and decide again. What
+a committed decision means for this process (its waiters, its evaluations) is the
+runtime's, through the ``committed`` callback.
+
+- **Batching.** Events for the same cohort key that arrive within ``BATCH_WINDOW_S`` of
+  the first, or while a decision about it is in flight, are decided together and
+  committed in one round trip: one commit per burst, not per member.
+- **No read after its own commit.** The state a replica's commit leaves is kept (the
+  version read plus one, the registry with the decisions applied) and the next burst
+  for that key is decided on it without a read. A commit still checks the version; a
+  decision that writes nothing checks it with one ``GET`` first. A key another replica
+  wrote in between is read before every later decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
+from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record
+from genrm_grpc.cohort.registry import CohortRegistry, Ended, SubmitDecision
+from genrm_grpc.runtime.live import RuntimeView
+from genrm_grpc.store.lease import Lease
+from genrm_grpc.store.memory import MemoryStore, StoreView
+from genrm_grpc.store.records import StoreError
+from genrm_grpc.store.shared import GroupState, SharedGroups
+
+log = logging.getLogger(__name__)
+
+#: Group states a replica keeps from its own commits, and keys it saw others write.
+STATE_CACHE = 1024
+#: How long the first event for a cohort waits for others before it is decided.
+BATCH_WINDOW_S = 0.002
+#: A commit refused this many times in a row (the group kept changing) fails the call.
+MAX_COMMIT_ATTEMPTS = 64
+
+
+class GroupView(RuntimeView, StoreView, Protocol):
+    @property
+    def cohort_collection_timeout_s(self) -> float: ...
+    @property
+    def cohort_evaluation_timeout_s(self) -> float: ...
+    @property
+    def max_active_cohorts(self) -> int: ...
+    @property
+    def max_active_cohorts_per_principal(self) -> int | None: ...
+
+
+class Stale:
+    """An index entry whose cohort is no longer active."""
+
+
+STALE = Stale()
+
+Decision = SubmitDecision | Ended | None
+Event = Callable[[CohortRegistry, float], Decision | Stale]
+#: What a committed decision means here: (decided, cohorts it started, now, the cohort
+#: this replica judges from now on with its lease, or None).
+Committed = Callable[["Decided", list[CohortKey], float, tuple[CohortKey, Lease] | None], None]
+
+
+class Owner(Protocol):
+    """Starts a task the runtime owns (cancelled and awaited when it stops)."""
+
+    def __call__(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]: ...
+
+
+@dataclass(eq=False)
+class Op:
+    event: Event
+    future: asyncio.Future[Decision | Stale]
+
+
+class GroupDecisions:
+    def __init__(
+        self,
+        shared: SharedGroups,
+        config: GroupView,
+        *,
+        draining: Callable[[], bool],
+        own: Owner,
+        committed: Committed,
+    ) -> None:
+        self.shared = shared
+        self.config = config
+        self._draining = draining
+        self._own = own
+        self._committed = committed
+        self._queues: dict[CohortKey, list[Op]] = {}
+        # The group state of this replica's last commit per key, to decide the next event
+        # on without reading it (bounded; keys other replicas also write are not kept).
+        self._states: OrderedDict[CohortKey, tuple[GroupState, CohortRegistry]] = OrderedDict()
+        self._shared_keys: OrderedDict[CohortKey, None] = OrderedDict()
+
+    async def decide_one(self, key: CohortKey, event: Event, fence: Lease | None) -> bool:
+        """:meth:`decide` one event now (no batching); False when ``fence`` was lost."""
+        op = Op(event, asyncio.get_running_loop().create_future())
+        return await self.decide(key, [op], fence)
+
+    def group_registry(self) -> CohortRegistry:
+        """An empty registry, to hold one group restored from Redis."""
+        return CohortRegistry(self.config, MemoryStore(self.config))
+
+    def scratch(self, state: GroupState) -> tuple[CohortRegistry, float]:
+        """A registry holding only ``state``'s group, and the wall-clock ``now``."""
+        now = time.time()
+        registry = self.group_registry()
+        registry.restore(state.recovered, now)
+        here = len(state.recovered.cohorts)
+        registry.count_elsewhere(
+            max(0, state.active_total - here),
+            {state.key.principal: max(0, state.active_principal - here)},
+        )
+        if self._draining():
+            registry.start_draining()
+        return registry, now
+
+    async def apply(self, key: CohortKey, event: Event) -> Decision | Stale:
+        """Decide ``event`` on the group of ``key`` as Redis holds it, and commit it.
+
+        Events for one key queue while a decision about it is in flight and are decided
+        together next time (one read, one commit). Raises StoreError.
+        """
+        op = Op(event, asyncio.get_running_loop().create_future())
+        queue = self._queues.get(key)
+        if queue is not None:
+            queue.append(op)
+        else:
+            self._queues[key] = [op]
+            self._own(self._drain(key), name=f"decide {key}")
+        return await op.future
+
+    async def _drain(self, key: CohortKey) -> None:
+        # A group's members arrive over a few loop turns (one gRPC call each): wait a
+        # moment before the first read so that they are decided and committed together.
+        await asyncio.sleep(BATCH_WINDOW_S)
+        while True:
+            ops = self._queues.get(key)
+            if not ops:
+                self._queues.pop(key, None)
+                return
+            self._queues[key] = []
+            try:
+                await self.decide(key, ops, None)
+            except BaseException as exc:
+                for op in ops:
+                    if not op.future.done():
+                        op.future.set_exception(
+                            exc if isinstance(exc, Exception) else StoreError("cancelled")
+                        )
+                        op.future.exception()
+                if not isinstance(exc, Exception):
+                    self._queues.pop(key, None)
+                    raise
+
+    async def decide(self, key: CohortKey, ops: list[Op], fence: Lease | None) -> bool:
+        """Read, decide every op, commit; again while the group changed underneath.
+
+        Returns False when ``fence`` was no longer the evaluation's lease (nothing written).
+        """
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            state, registry, now, cached = await self._state_of(key)
+            done = decide_ops(key, ops, registry, now)
+            # Nothing to commit, so no version check: make sure the state decided on is
+            # still the group's (an answer from a stale state would be wrong).
+            if not done.records and cached and await self.shared.version(key) != state.version:
+                self._unshare(key)
+                continue
+            token = 0
+            started = [
+                r.key
+                for r in done.records
+                if isinstance(r, CohortRecord) and r.key not in state.active_keys
+            ]
+            collect: CohortKey | None = None
+            if done.records:
+                collect, grown = self._eagerly(done.records, started, done.ended, done.frozen)
+                committed = await self.shared.commit(
+                    state,
+                    done.records,
+                    ended=[mailbox(cohort, now) for cohort in done.ended],
+                    evaluate=done.frozen.key if done.frozen is not None else None,
+                    collect=collect,
+                    grown=grown,
+                    fence=fence,
+                )
+                if committed.lease_lost:
+                    return False
+                if not committed.written:
+                    if cached:
+                        self._unshare(key)
+                    await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 20)))
+                    continue
+                token = committed.token
+                state = dataclasses.replace(state, version=str(int(state.version) + 1))
+            self._keep_state(key, state, registry, done)
+            evaluate = done.frozen.key if done.frozen is not None else collect
+            judge_here = None
+            if token and evaluate is not None:
+                # Frozen here, or (eager) created here: judged here, wherever members arrive.
+                judge_here = (evaluate, self.shared.lease_for(evaluate, token))
+            self._committed(done, started, now, judge_here)
+            _answer(ops, done.decisions)
+            return True
+        raise StoreError(
+            f"cohort {key}: its group changed under {MAX_COMMIT_ATTEMPTS} decisions in a row"
+        )
+
+    async def _state_of(self, key: CohortKey) -> tuple[GroupState, CohortRegistry, float, bool]:
+        """The group to decide on, in a one-group registry; True when it is the state this
+        replica's own last commit left (no read: should another replica have changed the
+        group since, the version check refuses the commit and the group is read)."""
+        cached = self._states.pop(key, None)
+        if cached is not None:
+            state, registry = cached
+            now = time.time()
+            if self._draining():
+                registry.start_draining()
+        else:
+            state = await self.shared.load(key)
+            registry, now = self.scratch(state)
+        state = dataclasses.replace(
+            state, known_active=frozenset(c.key for c in registry.active_cohorts())
+        )
+        return state, registry, now, cached is not None
+
+    def _keep_state(
+        self, key: CohortKey, state: GroupState, registry: CohortRegistry, done: Decided
+    ) -> None:
+        """Remember the committed state for the next decision on ``key`` (no read then),
+        unless other replicas write the group too or a decision raised."""
+        if key in self._shared_keys or any(isinstance(r, Exception) for r in done.decisions):
+            return
+        self._states[key] = (state, registry)
+        if len(self._states) > STATE_CACHE:
+            self._states.popitem(last=False)
+
+    def _eagerly(
+        self,
+        records: list[Record],
+        started: list[CohortKey],
+        ended: list[Cohort],
+        frozen: Cohort | None,
+    ) -> tuple[CohortKey | None, list[CohortKey]]:
+        """Eager judging: the cohort whose lease a commit takes at creation (None when
+        the commit freezes it, or judging waits for the whole group), and the cohorts
+        it grows, to announce to the replica judging them."""
+        if self.config.judge_schedule != "eager":
+            return None, []
+        gone = {cohort.key for cohort in ended}
+        alive = [key for key in started if key not in gone]
+        collect = alive[-1] if alive and frozen is None else None
+        grown = {r.key: None for r in records if isinstance(r, MemberRecord)}
+        if frozen is not None:
+            grown[frozen.key] = None
+        return collect, list(grown)
+
+    def _unshare(self, key: CohortKey) -> None:
+        """Another replica writes this group too: read it before every decision."""
+        self._shared_keys[key] = None
+        if len(self._shared_keys) > STATE_CACHE:
+            self._shared_keys.popitem(last=False)
+
+
+@dataclass(slots=True)
+class Decided:
+    """The ops of one round on one group, decided: each op's result, and what to commit."""
+
+    decisions: list[Decision | Stale | Exception] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    ended: list[Cohort] = field(default_factory=list)
+    frozen: Cohort | None = None
+
+
+def decide_ops(key: CohortKey, ops: list[Op], registry: CohortRegistry, now: float) -> Decided:
+    done = Decided()
+    for op in ops:
+        try:
+            decision = op.event(registry, now)
+        except Exception as exc:  # one member's bug must not fail its neighbours
+            log.exception("deciding an event of cohort %s failed", key)
+            done.decisions.append(exc)
+            continue
+        done.decisions.append(decision)
+        if decision is None or isinstance(decision, Stale):
+            continue
+        done.records.extend(decision.records)
+        if isinstance(decision, SubmitDecision):
+            done.ended.extend(decision.ended)
+            if decision.frozen:
+                done.frozen = decision.cohort
+        else:
+            done.ended.extend(decision)
+    return done
+
+
+def _answer(ops: list[Op], decisions: list[Decision | Stale | Exception]) -> None:
+    for op, result in zip(ops, decisions, strict=True):
+        if op.future.done():
+            continue
+        if isinstance(result, Exception):
+            op.future.set_exception(result)
+            op.future.exception()
+        else:
+            op.future.set_result(result)
+
+
+def mailbox(cohort: Cohort, now: float) -> Tombstone:
+    """What the outcome mailbox keeps of an ended cohort: its outcome."""
+    assert cohort.outcome is not None
+    return Tombstone(
+        key=cohort.key,
+        group_size=cohort.group_size,
+        prompt_digest=cohort.prompt_digest,
+        digests={},
+        outcome=cohort.outcome,
+        finished_at=now,
+    )
