@@ -40,15 +40,16 @@ replicas' expires records at the same instant the SQLite store would stop readin
 **Writing.** ``persist`` queues a batch; one writer task takes every batch queued when it
 wakes (those that arrived while the previous round trip was in flight) and sends them as
 one ``MULTI``/``EXEC`` pipeline: one round trip per commit, however many batches. The
-transaction loads the store's one Lua script (``SCRIPT LOAD``, so a Redis that forgot
-its scripts in a restart cannot fail half a commit) and runs it once per batch
-(``EVALSHA``): a batch is applied by one script, atomically. Each batch is encoded
-before anything is sent, so a batch that cannot be encoded fails on its own. Redis
-applies an ``EXEC`` whole or not at all when the connection drops (a transaction whose
-``EXEC`` never arrived is discarded) and every write is idempotent, so a commit retried
-after a lost reply writes the same state. Redis does not roll back a script that fails
-halfway (a key of the wrong type, written by something else): that batch fails,
-possibly partly applied, and the other batches of the commit are retried on their own.
+transaction loads the store's one Lua script (``APPLY`` of ``genrm_grpc.store.lua``;
+``SCRIPT LOAD``, so a Redis that forgot its scripts in a restart cannot fail half a
+commit) and runs it once per batch (``EVALSHA``): a batch is applied by one script,
+atomically. Each batch is encoded before anything is sent, so a batch that cannot be
+encoded fails on its own. Redis applies an ``EXEC`` whole or not at all when the
+connection drops (a transaction whose ``EXEC`` never arrived is discarded) and every
+write is idempotent, so a commit retried after a lost reply writes the same state.
+Redis does not roll back a script that fails halfway (a key of the wrong type, written
+by something else): that batch fails, possibly partly applied, and the other batches
+of the commit are retried on their own.
 
 **Fencing.** ``persist(records, lease=...)`` fences a batch by a lease
 (``genrm_grpc.store.lease``; the replicas' evaluation lease): the script writes it only
@@ -104,6 +105,7 @@ from genrm_grpc.cohort.records import (
     WatermarkRecord,
 )
 from genrm_grpc.scoring.types import AnswerTexts, Verdict
+from genrm_grpc.store.lua import APPLY, APPLY_SHA
 from genrm_grpc.store.records import StoreError, StoreSchemaError, decode_prompt, keep_recent
 
 if TYPE_CHECKING:
@@ -114,194 +116,6 @@ log = logging.getLogger(__name__)
 PREFIX = "genrm"
 _EXPIRY = struct.Struct("<d")
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
-
-# One batch, atomically: every write of the store goes through this script, one EVALSHA
-# per batch (the commit loads it first, in the same transaction, so a Redis restart
-# that emptied its script cache cannot fail half a commit).
-#
-# KEYS[1] is the lease key of a fenced batch (else the batch's first key, unused);
-# ARGV[1] the lease value the batch is fenced by, or ''. A fenced batch whose lease is
-# no longer that value writes nothing and returns 0. Then each operation takes its keys
-# from KEYS and its arguments from ARGV, in order:
-#
-#   H   1 key  field value          HSET
-#   D   1 key                       DEL
-#   W   2 keys attempt text pxat    watermark: max(stored, attempt), expiry always new;
-#                                   filed in the watermark index (KEYS[k + 1])
-#   V   2 keys pass json q cohort entry
-#                                   journal a pass (verdicts hash) and, when q is not
-#                                   '', file it in the group's reuse index, which keeps
-#                                   no TTL while an attempt may add verdicts
-#   T   4 keys value pxat max now   a tombstone; the cohort's verdicts expire with it,
-#                                   the reuse index with the group's last tombstone.
-#                                   Filed in the tombstone index (KEYS[k + 3]), which
-#                                   then drops what expired before ``now``; past ``max``
-#                                   retained (0: no bound) the tombstones that expire
-#                                   first go, with their verdicts (max_terminal_cohorts)
-#   U   2 keys                      DEL a tombstone or watermark and take it out of its
-#                                   index (KEYS[k + 1])
-#   X   2 keys cohort               forget a cohort's verdicts, in the reuse index too
-#                                   (other attempts' verdicts on a question stay)
-#
-#   I   1 key  field delta          HINCRBY (the shared active-cohort counts)
-#   Z   1 key  score member         ZADD (deadline and evaluation indexes)
-#   R   1 key  member               ZREM
-#   S   1 key  value pxat           SET with an absolute expiry (an outcome's mailbox)
-#   P   0 keys channel message      PUBLISH (after the writes before it, in the script)
-#   L   2 keys owner ms fence_ms    a new evaluation lease unless one is held: INCR the
-#                                   fence counter, SET the lease "<token>:<owner>" for
-#                                   ms; the script returns that token (0 when a lease
-#                                   was held: an eager evaluator took it at creation)
-#
-# The reuse index never re-encodes verdict numbers (cjson would round them): entries
-# are strings. ``apply_ops`` is shared by the store's batch script and the replicas'
-# group commit (genrm_grpc.store.shared).
-_OPS = """
-local function drop_holder(rkey, q, cohort)
-  local cur = redis.call('HGET', rkey, q)
-  if not cur then return end
-  local kept = {}
-  for _, e in ipairs(cjson.decode(cur)) do
-    if e[1] ~= cohort then kept[#kept + 1] = e end
-  end
-  if #kept == 0 then
-    redis.call('HDEL', rkey, q)
-  else
-    redis.call('HSET', rkey, q, cjson.encode(kept))
-  end
-end
-
-local function forget_verdicts(vkey, rkey, cohort)
-  for _, raw in ipairs(redis.call('HVALS', vkey)) do
-    local d = cjson.decode(raw)
-    if type(d['s']) == 'string' then
-      drop_holder(rkey, d['x'] .. ':' .. d['f'] .. ':' .. d['n'] .. ':'
-        .. string.format('%d', d['k']) .. ':' .. (d['w'] and '1' or '0'), cohort)
-    end
-  end
-  redis.call('DEL', vkey)
-end
-
--- Retention of a tombstone index past its bound: the tombstones that expire first go,
--- with their journals. A member is a tombstone key PREFIX:t:{TAG}:COHORT, whose
--- journal is PREFIX:v:{TAG}:COHORT and whose group's reuse index is PREFIX:r:{TAG}.
-local function retain(index, max, now)
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
-  if max <= 0 then return end
-  local over = redis.call('ZCARD', index) - max
-  if over <= 0 then return end
-  local popped = redis.call('ZPOPMIN', index, over)
-  for i = 1, #popped, 2 do
-    local tkey = popped[i]
-    local at = string.find(tkey, ':t:{', 1, true)
-    local close = string.find(tkey, '}:', at, true)
-    if at and close then
-      local head, tag = string.sub(tkey, 1, at - 1), string.sub(tkey, at + 3, close)
-      redis.call('DEL', tkey)
-      forget_verdicts(head .. ':v:' .. tag .. string.sub(tkey, close + 1),
-        head .. ':r:' .. tag, string.sub(tkey, close + 2))
-    end
-  end
-end
-
-local function apply_ops(k, a)
-local token = 0
-while a <= #ARGV do
-  local op = ARGV[a]
-  if op == 'H' then
-    redis.call('HSET', KEYS[k], ARGV[a + 1], ARGV[a + 2])
-    k, a = k + 1, a + 3
-  elseif op == 'D' then
-    redis.call('DEL', KEYS[k])
-    k, a = k + 1, a + 1
-  elseif op == 'W' then
-    local attempt = ARGV[a + 1]
-    local cur = redis.call('GET', KEYS[k])
-    if cur then
-      local c = string.match(cur, '^(%d+) ')
-      if c and tonumber(c) > tonumber(attempt) then attempt = c end
-    end
-    redis.call('SET', KEYS[k], attempt .. ' ' .. ARGV[a + 2], 'PXAT', ARGV[a + 3])
-    redis.call('ZADD', KEYS[k + 1], ARGV[a + 3], KEYS[k])
-    k, a = k + 2, a + 4
-  elseif op == 'V' then
-    local q, cohort = ARGV[a + 3], ARGV[a + 4]
-    redis.call('HSET', KEYS[k], ARGV[a + 1], ARGV[a + 2])
-    if q ~= '' then
-      local rkey = KEYS[k + 1]
-      local kept = {}
-      local cur = redis.call('HGET', rkey, q)
-      if cur then
-        for _, e in ipairs(cjson.decode(cur)) do
-          if e[1] ~= cohort then kept[#kept + 1] = e end
-        end
-      end
-      kept[#kept + 1] = {cohort, ARGV[a + 5]}
-      redis.call('HSET', rkey, q, cjson.encode(kept))
-      redis.call('HDEL', rkey, '~exp')
-      redis.call('PERSIST', rkey)
-    end
-    k, a = k + 2, a + 6
-  elseif op == 'T' then
-    local pxat = ARGV[a + 2]
-    redis.call('SET', KEYS[k], ARGV[a + 1], 'PXAT', pxat)
-    if redis.call('EXISTS', KEYS[k + 1]) == 1 then redis.call('PEXPIREAT', KEYS[k + 1], pxat) end
-    if redis.call('EXISTS', KEYS[k + 2]) == 1 then
-      local cur = tonumber(redis.call('HGET', KEYS[k + 2], '~exp') or '0')
-      if tonumber(pxat) > cur then
-        redis.call('HSET', KEYS[k + 2], '~exp', pxat)
-        redis.call('PEXPIREAT', KEYS[k + 2], pxat)
-      end
-    end
-    redis.call('ZADD', KEYS[k + 3], pxat, KEYS[k])
-    retain(KEYS[k + 3], tonumber(ARGV[a + 3]), ARGV[a + 4])
-    k, a = k + 4, a + 5
-  elseif op == 'U' then
-    redis.call('DEL', KEYS[k])
-    redis.call('ZREM', KEYS[k + 1], KEYS[k])
-    k, a = k + 2, a + 1
-  elseif op == 'X' then
-    forget_verdicts(KEYS[k], KEYS[k + 1], ARGV[a + 1])
-    k, a = k + 2, a + 2
-  elseif op == 'I' then
-    redis.call('HINCRBY', KEYS[k], ARGV[a + 1], ARGV[a + 2])
-    k, a = k + 1, a + 3
-  elseif op == 'Z' then
-    redis.call('ZADD', KEYS[k], ARGV[a + 1], ARGV[a + 2])
-    k, a = k + 1, a + 3
-  elseif op == 'R' then
-    redis.call('ZREM', KEYS[k], ARGV[a + 1])
-    k, a = k + 1, a + 2
-  elseif op == 'S' then
-    redis.call('SET', KEYS[k], ARGV[a + 1], 'PXAT', ARGV[a + 2])
-    k, a = k + 1, a + 3
-  elseif op == 'P' then
-    redis.call('PUBLISH', ARGV[a + 1], ARGV[a + 2])
-    a = a + 3
-  elseif op == 'L' then
-    if redis.call('EXISTS', KEYS[k]) == 0 then
-      token = redis.call('INCR', KEYS[k + 1])
-      redis.call('PEXPIRE', KEYS[k + 1], ARGV[a + 3])
-      redis.call('SET', KEYS[k], token .. ':' .. ARGV[a + 1], 'PX', ARGV[a + 2])
-    end
-    k, a = k + 2, a + 4
-  else
-    error('unknown store operation ' .. tostring(op))
-  end
-end
-return token
-end
-"""
-
-_APPLY = (
-    _OPS
-    + """
-if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-apply_ops(2, 2)
-return 1
-"""
-)
-_APPLY_SHA = hashlib.sha1(_APPLY.encode()).hexdigest()
 
 
 class RedisUnavailableError(StoreError):
@@ -657,7 +471,7 @@ class RedisStore:
         self.stats.in_flight += 1
         try:
             async with self._client.pipeline(transaction=True) as pipe:
-                pipe.execute_command("SCRIPT", "LOAD", _APPLY)
+                pipe.execute_command("SCRIPT", "LOAD", APPLY)
                 for command in commands:
                     pipe.execute_command(*command)
                 results: list[object] = await pipe.execute()
@@ -702,7 +516,7 @@ class RedisStore:
                 batch.future.set_exception(error)
 
     def _encode(self, records: Sequence[Record], lease: Lease | None) -> _Command:
-        """The batch as one EVALSHA of the apply script (see _APPLY for the operations)."""
+        """The batch as one EVALSHA of ``lua.APPLY`` (its operations: ``lua.OPS``)."""
         names, args = self.encode_ops(records)
         return self._fenced(names, args, lease)
 
@@ -800,7 +614,7 @@ class RedisStore:
         self, names: list[str], args: list[str | bytes | int], lease: Lease | None
     ) -> _Command:
         if lease is None:
-            return ("EVALSHA", _APPLY_SHA, len(names) + 1, names[0], *names, "", *args)
+            return ("EVALSHA", APPLY_SHA, len(names) + 1, names[0], *names, "", *args)
         lease_key = lease.key
         tag = lease_key[lease_key.index("{") : lease_key.index("}") + 1]
         # The retention indexes are the deployment's, like the replicas' own indexes.
@@ -808,7 +622,7 @@ class RedisStore:
         foreign = next((n for n in names if tag not in n and n not in indexes), None)
         if foreign is not None:
             raise ValueError(f"a batch fenced by the lease of one group writes {foreign}")
-        return ("EVALSHA", _APPLY_SHA, len(names) + 1, lease_key, *names, lease.value, *args)
+        return ("EVALSHA", APPLY_SHA, len(names) + 1, lease_key, *names, lease.value, *args)
 
     # ------------------------------------------------------------------ start-up read
     async def _load_raw(self) -> dict[str, list[tuple[bytes, Any]]]:

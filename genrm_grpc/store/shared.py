@@ -24,6 +24,8 @@ A replica that paused or lost Redis therefore cannot write on a stale view: any 
 since its read raised the version (and a taken-over evaluation changed the lease), so
 its commit is refused, and nothing it decided is published.
 
+The scripts are in ``genrm_grpc.store.lua``, with the store's batch script.
+
 Keys, beyond those of ``genrm_grpc.store.redis`` (same hash tag ``{T}`` per group):
 
 =========================  ========  ================================================
@@ -79,9 +81,9 @@ from genrm_grpc.cohort.records import (
 )
 from genrm_grpc.scoring.types import AnswerTexts
 from genrm_grpc.store.lease import Lease
+from genrm_grpc.store.lua import CENSUS, CLAIM, COMMIT, LOAD, RELEASE, RENEW
 from genrm_grpc.store.records import StoreError, keep_recent
 from genrm_grpc.store.redis import (
-    _OPS,
     RedisStartupError,
     RedisStore,
     RedisUnavailableError,
@@ -107,98 +109,6 @@ VERSION_TTL_S = 86_400.0
 #: Prefix of a channel message announcing that a cohort grew (eager judging); a message
 #: without it names a cohort that ended.
 GROWN = "+"
-
-# KEYS: version, watermark, counts, cohort K, tombstone K.
-# ARGV: cohort key head and tombstone key head for the newest attempt, the key tail,
-#       K's attempt, the principal's count field.
-# Returns {version, watermark, total, principal's, K's fields, K's tombstone,
-#          newest attempt, its fields, its tombstone}; fields are the header ``h`` and
-#          the members' ``d:`` (digests, no texts).
-_LOAD = """
-local function digests(key)
-  local all = redis.call('HGETALL', key)
-  local kept = {}
-  for i = 1, #all, 2 do
-    local f = all[i]
-    if f == 'h' or string.sub(f, 1, 2) == 'd:' then
-      kept[#kept + 1] = f
-      kept[#kept + 1] = all[i + 1]
-    end
-  end
-  return kept
-end
-local out = {}
-out[1] = redis.call('GET', KEYS[1]) or '0'
-out[2] = redis.call('GET', KEYS[2]) or ''
-local counts = redis.call('HMGET', KEYS[3], '*', ARGV[5])
-out[3] = counts[1] or '0'
-out[4] = counts[2] or '0'
-out[5] = digests(KEYS[4])
-out[6] = redis.call('GET', KEYS[5]) or ''
-out[7] = ''
-out[8] = {}
-out[9] = ''
-local w = string.match(out[2], '^(%d+) ')
-if w and w ~= ARGV[4] then
-  out[7] = w
-  out[8] = digests(ARGV[1] .. w .. ARGV[3])
-  out[9] = redis.call('GET', ARGV[2] .. w .. ARGV[3]) or ''
-end
-return out
-"""
-
-# KEYS[1] version, KEYS[2] evaluation lease (or the version again); ARGV[1] the version
-# read, ARGV[2] the evaluator's lease value or '', ARGV[3] the version's TTL (ms); then
-# apply_ops from KEYS[3], ARGV[4]. Returns {1, lease token or 0}, {0, 0} when the group
-# changed since the read, {-1, 0} when the evaluation lease is not the one presented.
-_COMMIT = (
-    _OPS
-    + """
-if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return {0, 0} end
-if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return {-1, 0} end
-redis.call('INCR', KEYS[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-local token = apply_ops(3, 4)
-return {1, token}
-"""
-)
-
-# KEYS: counts, evaluation index, tombstone index, watermark index. ARGV: now (ms).
-# The indexes forget what expired first (amortised: each entry is dropped once).
-_CENSUS = """
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[1])
-return {tonumber(redis.call('HGET', KEYS[1], '*') or '0'), redis.call('ZCARD', KEYS[2]),
-        redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4])}
-"""
-
-# KEYS: lease, fence counter, evaluation index. ARGV: owner, lease ms, member, expiry ms.
-# Takes an evaluation over only when nobody holds its lease.
-_CLAIM = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local tok = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], 86400000)
-redis.call('SET', KEYS[1], tok .. ':' .. ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
-return tok
-"""
-
-# KEYS: lease, evaluation index. ARGV: holder's value, lease ms, member, expiry ms.
-_RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('ZADD', KEYS[2], 'XX', ARGV[4], ARGV[3])
-return 1
-"""
-
-# KEYS: lease, evaluation index. ARGV: holder's value, member. Hands the evaluation to
-# whichever replica looks next (its index entry is due at once).
-_RELEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('ZADD', KEYS[2], 'XX', 0, ARGV[2])
-return 1
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,12 +181,12 @@ class SharedGroups:
         self._deadlines = f"{self._prefix}:dl"
         self._evaluations = f"{self._prefix}:ev"
         self._counts = f"{self._prefix}:n"
-        self._load = self._client.register_script(_LOAD)
-        self._commit = self._client.register_script(_COMMIT)
-        self._claim = self._client.register_script(_CLAIM)
-        self._renew = self._client.register_script(_RENEW)
-        self._release = self._client.register_script(_RELEASE)
-        self._census = self._client.register_script(_CENSUS)
+        self._load = self._client.register_script(LOAD)
+        self._commit = self._client.register_script(COMMIT)
+        self._claim = self._client.register_script(CLAIM)
+        self._renew = self._client.register_script(RENEW)
+        self._release = self._client.register_script(RELEASE)
+        self._census = self._client.register_script(CENSUS)
 
     # ------------------------------------------------------------------ keys
     def _tagged(self, kind: str, key: CohortKey) -> str:
