@@ -25,7 +25,8 @@ since its read raised the version (and a taken-over evaluation changed the lease
 its commit is refused, and nothing it decided is published.
 
 The scripts are in ``genrm_grpc.store.lua``, with the store's batch script; the key
-names in ``genrm_grpc.store.redis_keys``.
+names in ``genrm_grpc.store.redis_keys``; the channel's subscriber and its messages
+in ``genrm_grpc.store.channel``.
 
 Keys, beyond those of ``genrm_grpc.store.redis`` (same hash tag ``{T}`` per group):
 
@@ -53,7 +54,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import socket
 import time
 import uuid
@@ -61,9 +61,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from genrm_grpc.cohort.model import CohortKey, Tombstone
@@ -73,6 +70,7 @@ from genrm_grpc.cohort.records import (
     RecoveredCohort,
     VerdictRecord,
 )
+from genrm_grpc.store import channel
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.lua import CENSUS, CLAIM, COMMIT, LOAD, RELEASE, RENEW
 from genrm_grpc.store.records import StoreError, keep_recent
@@ -99,9 +97,6 @@ log = logging.getLogger(__name__)
 MAILBOX_TTL_S = 600.0
 #: How long a group's version counter outlives its last commit.
 VERSION_TTL_S = 86_400.0
-#: Prefix of a channel message announcing that a cohort grew (eager judging); a message
-#: without it names a cohort that ended.
-GROWN = "+"
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,19 +341,8 @@ class SharedGroups:
         names, args = self.store.encode_ops(records)
         now = time.time()
         index_ops(records, state.active_keys, self._keys, names, args)
-        for tomb in ended:
-            names.append(self.mailbox_key(tomb.key))
-            args += ["S", tomb.record(), ms(now + MAILBOX_TTL_S)]
-            args += ["P", self.channel, key_text(tomb.key)]
-        for grew in grown:
-            args += ["P", self.channel, GROWN + key_text(grew)]
-        lease_of = evaluate if evaluate is not None else collect
-        if lease_of is not None:
-            names += [self.lease_key(lease_of), self._keys.fence(lease_of)]
-            args += ["L", self.replica, _ms_span(self.lease_s), _ms_span(VERSION_TTL_S)]
-        if evaluate is not None:
-            names.append(self._keys.evaluations)
-            args += ["Z", ms(now + self.lease_s), key_text(evaluate)]
+        self._message_ops(ended, grown, now, names, args)
+        self._lease_ops(evaluate, collect, now, names, args)
         version_key = self.version_key(key)
         lease_key = fence.key if fence is not None else version_key
         self.stats.commits += 1
@@ -382,6 +366,40 @@ class SharedGroups:
             self.stats.leases_lost += 1
             return Committed(False, lease_lost=True)
         return Committed(True, token=token)
+
+    def _message_ops(
+        self,
+        ended: Sequence[Tombstone],
+        grown: Sequence[CohortKey],
+        now: float,
+        names: list[str],
+        args: list[Any],
+    ) -> None:
+        """Each ended cohort's mailbox and message, then each grown cohort's message."""
+        for tomb in ended:
+            names.append(self.mailbox_key(tomb.key))
+            args += ["S", tomb.record(), ms(now + MAILBOX_TTL_S)]
+            args += ["P", self.channel, channel.ended_message(tomb.key)]
+        for grew in grown:
+            args += ["P", self.channel, channel.grown_message(grew)]
+
+    def _lease_ops(
+        self,
+        evaluate: CohortKey | None,
+        collect: CohortKey | None,
+        now: float,
+        names: list[str],
+        args: list[Any],
+    ) -> None:
+        """This replica's evaluation lease on ``evaluate`` (filed in the evaluation
+        index) or ``collect`` (eager judging), unless another replica holds it."""
+        lease_of = evaluate if evaluate is not None else collect
+        if lease_of is not None:
+            names += [self.lease_key(lease_of), self._keys.fence(lease_of)]
+            args += ["L", self.replica, _ms_span(self.lease_s), _ms_span(VERSION_TTL_S)]
+        if evaluate is not None:
+            names.append(self._keys.evaluations)
+            args += ["Z", ms(now + self.lease_s), key_text(evaluate)]
 
     # ------------------------------------------------------------------ evaluation leases
     def lease_for(self, key: CohortKey, token: int, taken_at: float | None = None) -> Lease:
@@ -452,67 +470,21 @@ class SharedGroups:
     ) -> None:
         """Deliver the channel's messages until ``stopping``; resubscribe after a drop.
 
-        A cohort that ended goes to ``on_ended``, one that grew (``GROWN``) to
-        ``on_grown``.
+        A cohort that ended goes to ``on_ended``, one that grew (``channel.GROWN``)
+        to ``on_grown``.
 
         ``on_subscribed`` runs after every (re)subscription: messages published while
         this replica was not subscribed are lost, so it re-reads what it waits for.
         """
-        # A connection of its own, without redis-py's transparent retry: a subscriber
-        # whose connection was cut must learn it (and re-read), not be reconnected
-        # silently with the messages of the gap lost.
-        listener = aioredis.Redis.from_url(
-            self.store.url, socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0)
+        await channel.listen(
+            self.store.url,
+            self.address,
+            self.channel,
+            on_ended,
+            on_subscribed,
+            stopping=stopping,
+            on_grown=on_grown,
         )
-        try:
-            await self._listen(listener, on_ended, on_grown, on_subscribed, stopping)
-        finally:
-            await listener.aclose()
-
-    async def _listen(
-        self,
-        listener: aioredis.Redis,
-        on_ended: Callable[[CohortKey], None],
-        on_grown: Callable[[CohortKey], None] | None,
-        on_subscribed: Callable[[], Awaitable[None]],
-        stopping: asyncio.Event,
-    ) -> None:
-        backoff = 0.05
-        while not stopping.is_set():
-            pubsub = listener.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.channel)
-                backoff = 0.05
-                await on_subscribed()
-                while not stopping.is_set():
-                    message = await pubsub.get_message(timeout=0.5)
-                    if message is not None and message.get("type") == "message":
-                        try:
-                            _dispatch(message["data"], on_ended, on_grown)
-                        except (ValueError, TypeError):
-                            log.warning("ignored a malformed message on %s", self.channel)
-            except (*UNAVAILABLE, RedisError, StoreError) as exc:
-                log.warning("lost the replicas' channel on %s: %s", self.address, exc)
-                await asyncio.sleep(backoff + random.uniform(0, backoff))
-                backoff = min(backoff * 2, 1.0)
-            finally:
-                try:
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-                except (*UNAVAILABLE, RedisError):
-                    pass
-
-
-def _dispatch(
-    data: bytes | str,
-    on_ended: Callable[[CohortKey], None],
-    on_grown: Callable[[CohortKey], None] | None,
-) -> None:
-    text = data.decode() if isinstance(data, bytes) else data
-    if text.startswith(GROWN):
-        if on_grown is not None:
-            on_grown(key_from(text[len(GROWN) :]))
-    else:
-        on_ended(key_from(text))
 
 
 def _text(value: bytes | str) -> str:
