@@ -3,7 +3,10 @@
 ``store: redis://HOST:PORT/DB``. The records and their meaning are the SQLite store's
 (watermarks only rise, dropping a tombstone drops the cohort's journaled verdicts,
 ``open`` returns active cohorts with their members, unexpired tombstones and watermarks
-and the verdicts of active cohorts); only the layout differs.
+and the verdicts of active cohorts); only the layout differs. This module keeps the
+connection and the writer; the key names are made in ``genrm_grpc.store.redis_keys``, the
+records encoded and decoded in ``genrm_grpc.store.redis_codec``, and the script that
+writes them is ``APPLY`` of ``genrm_grpc.store.lua``.
 
 **Key layout.** Every key of a group carries the group's hash tag ``{T}``, ``T`` being
 a short digest of the group scope (of the cohort key for a legacy cohort, which has no
@@ -40,15 +43,16 @@ replicas' expires records at the same instant the SQLite store would stop readin
 **Writing.** ``persist`` queues a batch; one writer task takes every batch queued when it
 wakes (those that arrived while the previous round trip was in flight) and sends them as
 one ``MULTI``/``EXEC`` pipeline: one round trip per commit, however many batches. The
-transaction loads the store's one Lua script (``SCRIPT LOAD``, so a Redis that forgot
-its scripts in a restart cannot fail half a commit) and runs it once per batch
-(``EVALSHA``): a batch is applied by one script, atomically. Each batch is encoded
-before anything is sent, so a batch that cannot be encoded fails on its own. Redis
-applies an ``EXEC`` whole or not at all when the connection drops (a transaction whose
-``EXEC`` never arrived is discarded) and every write is idempotent, so a commit retried
-after a lost reply writes the same state. Redis does not roll back a script that fails
-halfway (a key of the wrong type, written by something else): that batch fails,
-possibly partly applied, and the other batches of the commit are retried on their own.
+transaction loads the store's one Lua script (``APPLY`` of ``genrm_grpc.store.lua``;
+``SCRIPT LOAD``, so a Redis that forgot its scripts in a restart cannot fail half a
+commit) and runs it once per batch (``EVALSHA``): a batch is applied by one script,
+atomically. Each batch is encoded before anything is sent, so a batch that cannot be
+encoded fails on its own. Redis applies an ``EXEC`` whole or not at all when the
+connection drops (a transaction whose ``EXEC`` never arrived is discarded) and every
+write is idempotent, so a commit retried after a lost reply writes the same state.
+Redis does not roll back a script that fails halfway (a key of the wrong type, written
+by something else): that batch fails, possibly partly applied, and the other batches
+of the commit are retried on their own.
 
 **Fencing.** ``persist(records, lease=...)`` fences a batch by a lease
 (``genrm_grpc.store.lease``; the replicas' evaluation lease): the script writes it only
@@ -71,9 +75,6 @@ atomicity would hold per group rather than per commit. Not built yet.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
-import json
 import logging
 import struct
 import time
@@ -89,22 +90,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from genrm_grpc.cohort.model import CohortKey, MemberCoords, Phase, PromptSpec, Tombstone
-from genrm_grpc.cohort.records import (
-    CohortRecord,
-    DropCohort,
-    DropTombstone,
-    DropWatermark,
-    MemberRecord,
-    Record,
-    Recovered,
-    RecoveredCohort,
-    TombstoneRecord,
-    VerdictRecord,
-    WatermarkRecord,
-)
-from genrm_grpc.scoring.types import AnswerTexts, Verdict
-from genrm_grpc.store.records import StoreError, StoreSchemaError, decode_prompt, keep_recent
+from genrm_grpc.cohort.records import Record, Recovered, VerdictRecord
+from genrm_grpc.store.lua import APPLY, APPLY_SHA
+from genrm_grpc.store.records import StoreError, StoreSchemaError, keep_recent
+from genrm_grpc.store.redis_codec import decode_all, encode_ops, question, reuse_verdict
+from genrm_grpc.store.redis_keys import Keys
 
 if TYPE_CHECKING:
     from genrm_grpc.store.lease import Lease
@@ -112,196 +102,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREFIX = "genrm"
-_EXPIRY = struct.Struct("<d")
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
-
-# One batch, atomically: every write of the store goes through this script, one EVALSHA
-# per batch (the commit loads it first, in the same transaction, so a Redis restart
-# that emptied its script cache cannot fail half a commit).
-#
-# KEYS[1] is the lease key of a fenced batch (else the batch's first key, unused);
-# ARGV[1] the lease value the batch is fenced by, or ''. A fenced batch whose lease is
-# no longer that value writes nothing and returns 0. Then each operation takes its keys
-# from KEYS and its arguments from ARGV, in order:
-#
-#   H   1 key  field value          HSET
-#   D   1 key                       DEL
-#   W   2 keys attempt text pxat    watermark: max(stored, attempt), expiry always new;
-#                                   filed in the watermark index (KEYS[k + 1])
-#   V   2 keys pass json q cohort entry
-#                                   journal a pass (verdicts hash) and, when q is not
-#                                   '', file it in the group's reuse index, which keeps
-#                                   no TTL while an attempt may add verdicts
-#   T   4 keys value pxat max now   a tombstone; the cohort's verdicts expire with it,
-#                                   the reuse index with the group's last tombstone.
-#                                   Filed in the tombstone index (KEYS[k + 3]), which
-#                                   then drops what expired before ``now``; past ``max``
-#                                   retained (0: no bound) the tombstones that expire
-#                                   first go, with their verdicts (max_terminal_cohorts)
-#   U   2 keys                      DEL a tombstone or watermark and take it out of its
-#                                   index (KEYS[k + 1])
-#   X   2 keys cohort               forget a cohort's verdicts, in the reuse index too
-#                                   (other attempts' verdicts on a question stay)
-#
-#   I   1 key  field delta          HINCRBY (the shared active-cohort counts)
-#   Z   1 key  score member         ZADD (deadline and evaluation indexes)
-#   R   1 key  member               ZREM
-#   S   1 key  value pxat           SET with an absolute expiry (an outcome's mailbox)
-#   P   0 keys channel message      PUBLISH (after the writes before it, in the script)
-#   L   2 keys owner ms fence_ms    a new evaluation lease unless one is held: INCR the
-#                                   fence counter, SET the lease "<token>:<owner>" for
-#                                   ms; the script returns that token (0 when a lease
-#                                   was held: an eager evaluator took it at creation)
-#
-# The reuse index never re-encodes verdict numbers (cjson would round them): entries
-# are strings. ``apply_ops`` is shared by the store's batch script and the replicas'
-# group commit (genrm_grpc.store.shared).
-_OPS = """
-local function drop_holder(rkey, q, cohort)
-  local cur = redis.call('HGET', rkey, q)
-  if not cur then return end
-  local kept = {}
-  for _, e in ipairs(cjson.decode(cur)) do
-    if e[1] ~= cohort then kept[#kept + 1] = e end
-  end
-  if #kept == 0 then
-    redis.call('HDEL', rkey, q)
-  else
-    redis.call('HSET', rkey, q, cjson.encode(kept))
-  end
-end
-
-local function forget_verdicts(vkey, rkey, cohort)
-  for _, raw in ipairs(redis.call('HVALS', vkey)) do
-    local d = cjson.decode(raw)
-    if type(d['s']) == 'string' then
-      drop_holder(rkey, d['x'] .. ':' .. d['f'] .. ':' .. d['n'] .. ':'
-        .. string.format('%d', d['k']) .. ':' .. (d['w'] and '1' or '0'), cohort)
-    end
-  end
-  redis.call('DEL', vkey)
-end
-
--- Retention of a tombstone index past its bound: the tombstones that expire first go,
--- with their journals. A member is a tombstone key PREFIX:t:{TAG}:COHORT, whose
--- journal is PREFIX:v:{TAG}:COHORT and whose group's reuse index is PREFIX:r:{TAG}.
-local function retain(index, max, now)
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
-  if max <= 0 then return end
-  local over = redis.call('ZCARD', index) - max
-  if over <= 0 then return end
-  local popped = redis.call('ZPOPMIN', index, over)
-  for i = 1, #popped, 2 do
-    local tkey = popped[i]
-    local at = string.find(tkey, ':t:{', 1, true)
-    local close = string.find(tkey, '}:', at, true)
-    if at and close then
-      local head, tag = string.sub(tkey, 1, at - 1), string.sub(tkey, at + 3, close)
-      redis.call('DEL', tkey)
-      forget_verdicts(head .. ':v:' .. tag .. string.sub(tkey, close + 1),
-        head .. ':r:' .. tag, string.sub(tkey, close + 2))
-    end
-  end
-end
-
-local function apply_ops(k, a)
-local token = 0
-while a <= #ARGV do
-  local op = ARGV[a]
-  if op == 'H' then
-    redis.call('HSET', KEYS[k], ARGV[a + 1], ARGV[a + 2])
-    k, a = k + 1, a + 3
-  elseif op == 'D' then
-    redis.call('DEL', KEYS[k])
-    k, a = k + 1, a + 1
-  elseif op == 'W' then
-    local attempt = ARGV[a + 1]
-    local cur = redis.call('GET', KEYS[k])
-    if cur then
-      local c = string.match(cur, '^(%d+) ')
-      if c and tonumber(c) > tonumber(attempt) then attempt = c end
-    end
-    redis.call('SET', KEYS[k], attempt .. ' ' .. ARGV[a + 2], 'PXAT', ARGV[a + 3])
-    redis.call('ZADD', KEYS[k + 1], ARGV[a + 3], KEYS[k])
-    k, a = k + 2, a + 4
-  elseif op == 'V' then
-    local q, cohort = ARGV[a + 3], ARGV[a + 4]
-    redis.call('HSET', KEYS[k], ARGV[a + 1], ARGV[a + 2])
-    if q ~= '' then
-      local rkey = KEYS[k + 1]
-      local kept = {}
-      local cur = redis.call('HGET', rkey, q)
-      if cur then
-        for _, e in ipairs(cjson.decode(cur)) do
-          if e[1] ~= cohort then kept[#kept + 1] = e end
-        end
-      end
-      kept[#kept + 1] = {cohort, ARGV[a + 5]}
-      redis.call('HSET', rkey, q, cjson.encode(kept))
-      redis.call('HDEL', rkey, '~exp')
-      redis.call('PERSIST', rkey)
-    end
-    k, a = k + 2, a + 6
-  elseif op == 'T' then
-    local pxat = ARGV[a + 2]
-    redis.call('SET', KEYS[k], ARGV[a + 1], 'PXAT', pxat)
-    if redis.call('EXISTS', KEYS[k + 1]) == 1 then redis.call('PEXPIREAT', KEYS[k + 1], pxat) end
-    if redis.call('EXISTS', KEYS[k + 2]) == 1 then
-      local cur = tonumber(redis.call('HGET', KEYS[k + 2], '~exp') or '0')
-      if tonumber(pxat) > cur then
-        redis.call('HSET', KEYS[k + 2], '~exp', pxat)
-        redis.call('PEXPIREAT', KEYS[k + 2], pxat)
-      end
-    end
-    redis.call('ZADD', KEYS[k + 3], pxat, KEYS[k])
-    retain(KEYS[k + 3], tonumber(ARGV[a + 3]), ARGV[a + 4])
-    k, a = k + 4, a + 5
-  elseif op == 'U' then
-    redis.call('DEL', KEYS[k])
-    redis.call('ZREM', KEYS[k + 1], KEYS[k])
-    k, a = k + 2, a + 1
-  elseif op == 'X' then
-    forget_verdicts(KEYS[k], KEYS[k + 1], ARGV[a + 1])
-    k, a = k + 2, a + 2
-  elseif op == 'I' then
-    redis.call('HINCRBY', KEYS[k], ARGV[a + 1], ARGV[a + 2])
-    k, a = k + 1, a + 3
-  elseif op == 'Z' then
-    redis.call('ZADD', KEYS[k], ARGV[a + 1], ARGV[a + 2])
-    k, a = k + 1, a + 3
-  elseif op == 'R' then
-    redis.call('ZREM', KEYS[k], ARGV[a + 1])
-    k, a = k + 1, a + 2
-  elseif op == 'S' then
-    redis.call('SET', KEYS[k], ARGV[a + 1], 'PXAT', ARGV[a + 2])
-    k, a = k + 1, a + 3
-  elseif op == 'P' then
-    redis.call('PUBLISH', ARGV[a + 1], ARGV[a + 2])
-    a = a + 3
-  elseif op == 'L' then
-    if redis.call('EXISTS', KEYS[k]) == 0 then
-      token = redis.call('INCR', KEYS[k + 1])
-      redis.call('PEXPIRE', KEYS[k + 1], ARGV[a + 3])
-      redis.call('SET', KEYS[k], token .. ':' .. ARGV[a + 1], 'PX', ARGV[a + 2])
-    end
-    k, a = k + 2, a + 4
-  else
-    error('unknown store operation ' .. tostring(op))
-  end
-end
-return token
-end
-"""
-
-_APPLY = (
-    _OPS
-    + """
-if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-apply_ops(2, 2)
-return 1
-"""
-)
-_APPLY_SHA = hashlib.sha1(_APPLY.encode()).hexdigest()
+#: What redis-py raises when Redis does not answer (refused, dropped, timed out).
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class RedisUnavailableError(StoreError):
@@ -348,138 +150,6 @@ def redacted_address(url: str) -> str:
     return f"redis://{parts.hostname}:{parts.port or 6379}/{db}"
 
 
-def group_tag(scope: str) -> str:
-    """The hash tag of a group scope (20 hex digits: no braces, bounded length)."""
-    raw = ("s" + scope).encode("utf-8", "surrogatepass")
-    return hashlib.blake2b(raw, digest_size=10).hexdigest()
-
-
-def _ascii_json(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-# Field names read once: ``dataclasses.astuple`` deep-copies every value and cost ~20 µs
-# per key (14 % of a replica's CPU per member in a profile).
-_KEY_FIELDS = tuple(f.name for f in dataclasses.fields(CohortKey))
-_COORDS_FIELDS = tuple(f.name for f in dataclasses.fields(MemberCoords))
-
-
-def _key_text(key: CohortKey) -> str:
-    """The key as ASCII JSON of its fields (a field added to CohortKey needs no change)."""
-    return _ascii_json([getattr(key, name) for name in _KEY_FIELDS])
-
-
-def _cohort_tag(key: CohortKey) -> str:
-    scope = key.group_scope
-    if scope is not None:
-        return group_tag(scope)
-    raw = ("l" + _key_text(key)).encode("ascii")
-    return hashlib.blake2b(raw, digest_size=10).hexdigest()
-
-
-def _pxat(instant: float) -> int:
-    return max(1, int(instant * 1000))
-
-
-class _Keys:
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        # Deployment-wide, outside every group's hash slot (like the replicas' indexes).
-        self.tombstone_index = f"{prefix}:it"
-        self.watermark_index = f"{prefix}:iw"
-
-    def cohort(self, key: CohortKey) -> str:
-        return f"{self.prefix}:c:{{{_cohort_tag(key)}}}:{_key_text(key)}"
-
-    def verdicts(self, key: CohortKey) -> str:
-        return f"{self.prefix}:v:{{{_cohort_tag(key)}}}:{_key_text(key)}"
-
-    def tombstone(self, key: CohortKey) -> str:
-        return f"{self.prefix}:t:{{{_cohort_tag(key)}}}:{_key_text(key)}"
-
-    def reuse(self, key: CohortKey) -> str:
-        return f"{self.prefix}:r:{{{_cohort_tag(key)}}}"
-
-    def reuse_of_scope(self, scope: str) -> str:
-        return f"{self.prefix}:r:{{{group_tag(scope)}}}"
-
-    def watermark(self, scope: str) -> str:
-        return f"{self.prefix}:w:{{{group_tag(scope)}}}"
-
-
-def _question(context: str, first: str, second: str, judge_index: int, swap: bool) -> str:
-    return f"{context}:{first}:{second}:{judge_index}:{int(swap)}"
-
-
-def _verdict_question(record: VerdictRecord) -> str | None:
-    if record.scope is None:
-        return None
-    return _question(record.context, record.first, record.second, record.judge_index, record.swap)
-
-
-def _verdict_json(record: VerdictRecord) -> str:
-    v = record.verdict
-    return _ascii_json(
-        {
-            "c": json.loads(_key_text(record.cohort)),
-            "s": record.scope,
-            "x": record.context,
-            "f": record.first,
-            "n": record.second,
-            "k": record.judge_index,
-            "w": record.swap,
-            "i": record.response_i,
-            "j": record.response_j,
-            "v": [v.score_1, v.score_2, v.ranking, v.parse_failed],
-            "u": None if record.usage is None else list(record.usage),
-            "t": record.finished_at,
-        }
-    )
-
-
-def _reuse_entry(record: VerdictRecord) -> str:
-    """What the reuse index keeps of a verdict: the rest is the question it is filed under."""
-    v = record.verdict
-    usage = None if record.usage is None else list(record.usage)
-    return _ascii_json(
-        [
-            record.response_i,
-            record.response_j,
-            [v.score_1, v.score_2, v.ranking, v.parse_failed],
-            usage,
-            record.finished_at,
-        ]
-    )
-
-
-def _verdict_from(raw: str | bytes) -> VerdictRecord:
-    d = json.loads(raw)
-    s1, s2, rank, failed = d["v"]
-    usage = d["u"]
-    return VerdictRecord(
-        cohort=CohortKey(*d["c"]),
-        scope=d["s"],
-        context=d["x"],
-        first=d["f"],
-        second=d["n"],
-        judge_index=d["k"],
-        swap=bool(d["w"]),
-        response_i=d["i"],
-        response_j=d["j"],
-        verdict=Verdict(s1, s2, rank, bool(failed)),
-        usage=None if usage is None else (usage[0], usage[1], usage[2]),
-        finished_at=d["t"],
-    )
-
-
-def _prompt_json(prompt: PromptSpec) -> list[object]:
-    return [[list(m) for m in prompt.messages], prompt.principle, prompt.baseline_response]
-
-
-def _coords_json(coords: MemberCoords) -> list[object]:
-    return [getattr(coords, name) for name in _COORDS_FIELDS]
-
-
 class RedisStore:
     """Durable records in one Redis database, written by one task, group commit."""
 
@@ -501,7 +171,7 @@ class RedisStore:
         #: Tombstones retained in the whole store, at most (``max_terminal_cohorts``; 0:
         #: only their TTL bounds them). Checked in the script that writes each one.
         self.max_tombstones = max_tombstones
-        self._keys = _Keys(prefix)
+        self._keys = Keys(prefix)
         self._prefix = prefix
         self._client: aioredis.Redis = aioredis.Redis.from_url(
             url,
@@ -519,12 +189,12 @@ class RedisStore:
         """Reach Redis and read back what has not expired; RedisStartupError if unreachable."""
         try:
             raw = await self._load_raw()
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise RedisStartupError(f"cannot reach the store {self.address}: {exc}") from exc
         except RedisError as exc:
             raise RedisStartupError(f"the store {self.address} could not be read: {exc}") from exc
         try:
-            recovered = await asyncio.to_thread(_decode_all, raw, now_wall)
+            recovered = await asyncio.to_thread(decode_all, raw, now_wall)
         except (ValueError, TypeError, KeyError, IndexError, EOFError, struct.error) as exc:
             raise RedisStartupError(f"the store {self.address} is unreadable: {exc}") from exc
         self._writer = asyncio.get_running_loop().create_task(
@@ -537,7 +207,7 @@ class RedisStore:
         each group when they need it); RedisStartupError when Redis is unreachable."""
         try:
             await self._client.ping()
-        except (*_UNAVAILABLE, RedisError) as exc:
+        except (*UNAVAILABLE, RedisError) as exc:
             raise RedisStartupError(f"cannot reach the store {self.address}: {exc}") from exc
         if self._writer is None and not self._closed:
             self._writer = asyncio.get_running_loop().create_task(
@@ -560,35 +230,17 @@ class RedisStore:
         """A journaled verdict on the same question within the group ``scope``, if any."""
         if self._closed:
             raise StoreError(f"the store {self.address} is closed")
-        question = _question(context, first, second, judge_index, swap)
+        asked = question(context, first, second, judge_index, swap)
         self.stats.round_trips += 1
         try:
-            raw = await self._client.hget(self._keys.reuse_of_scope(scope), question)
-        except _UNAVAILABLE as exc:
+            raw = await self._client.hget(self._keys.reuse_of_scope(scope), asked)
+        except UNAVAILABLE as exc:
             raise RedisUnavailableError(f"the store {self.address} is unreachable: {exc}") from exc
         except RedisError as exc:
             raise StoreError(f"the store {self.address} could not be read: {exc}") from exc
         if raw is None:
             return None
-        holders = json.loads(raw)
-        if not holders:
-            return None
-        cohort, entry = holders[0]
-        i, j, (s1, s2, rank, failed), usage, finished = json.loads(entry)
-        return VerdictRecord(
-            cohort=CohortKey(*json.loads(cohort)),
-            scope=scope,
-            context=context,
-            first=first,
-            second=second,
-            judge_index=judge_index,
-            swap=swap,
-            response_i=i,
-            response_j=j,
-            verdict=Verdict(s1, s2, rank, bool(failed)),
-            usage=None if usage is None else (usage[0], usage[1], usage[2]),
-            finished_at=finished,
-        )
+        return reuse_verdict(raw, scope, context, first, second, judge_index, swap)
 
     # ------------------------------------------------------------------ writing
     def persist(
@@ -657,11 +309,11 @@ class RedisStore:
         self.stats.in_flight += 1
         try:
             async with self._client.pipeline(transaction=True) as pipe:
-                pipe.execute_command("SCRIPT", "LOAD", _APPLY)
+                pipe.execute_command("SCRIPT", "LOAD", APPLY)
                 for command in commands:
                     pipe.execute_command(*command)
                 results: list[object] = await pipe.execute()
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             return RedisUnavailableError(f"the store {self.address} is unreachable: {exc}")
         except RedisError as exc:
             return StoreError(f"the store {self.address} could not commit: {exc}")
@@ -702,105 +354,20 @@ class RedisStore:
                 batch.future.set_exception(error)
 
     def _encode(self, records: Sequence[Record], lease: Lease | None) -> _Command:
-        """The batch as one EVALSHA of the apply script (see _APPLY for the operations)."""
+        """The batch as one EVALSHA of ``lua.APPLY`` (its operations: ``lua.OPS``)."""
         names, args = self.encode_ops(records)
         return self._fenced(names, args, lease)
 
     def encode_ops(self, records: Sequence[Record]) -> tuple[list[str], list[str | bytes | int]]:
-        """The keys and arguments of ``apply_ops`` that write ``records``."""
-        names: list[str] = []
-        args: list[str | bytes | int] = []
-        for record in records:
-            if not self._cohort_ops(record, names, args) and not self._retention_ops(
-                record, names, args
-            ):
-                raise TypeError(f"not a store record: {record!r}")
-        return names, args
-
-    def _cohort_ops(self, record: Record, names: list[str], args: list[str | bytes | int]) -> bool:
-        """A member, verdict, header or dropped cohort's ops; False for other records."""
-        keys = self._keys
-        if isinstance(record, MemberRecord):
-            coords = _coords_json(record.coords)
-            member = [coords, record.digest, record.texts.reasoning, record.texts.answer]
-            slot = record.coords.rollout_index
-            name = keys.cohort(record.key)
-            # ``d:`` repeats coordinates and digest without the texts: what a replica
-            # reads to decide about a group (genrm_grpc.store.shared).
-            names += [name, name]
-            args += ["H", f"m:{slot}", _ascii_json(member)]
-            args += ["H", f"d:{slot}", _ascii_json([coords, record.digest])]
-        elif isinstance(record, VerdictRecord):
-            cohort = record.cohort
-            if record.scope is not None and record.scope != cohort.group_scope:
-                raise ValueError(
-                    f"a verdict's scope {record.scope!r} is not its cohort's group scope"
-                )
-            names += [keys.verdicts(cohort), keys.reuse(cohort)]
-            args += [
-                "V",
-                f"{record.response_i}:{record.response_j}:{record.judge_index}",
-                _verdict_json(record),
-                _verdict_question(record) or "",
-                _key_text(cohort),
-                _reuse_entry(record),
-            ]
-        elif isinstance(record, CohortRecord):
-            header = [
-                record.seq,
-                record.group_size,
-                _prompt_json(record.prompt),
-                record.prompt_digest,
-                record.phase.value,
-                record.created_at,
-                record.collection_deadline,
-                record.evaluation_deadline,
-                record.follows_attempt,
-            ]
-            names.append(keys.cohort(record.key))
-            args += ["H", "h", _ascii_json(header)]
-        elif isinstance(record, DropCohort):
-            names.append(keys.cohort(record.key))
-            args.append("D")
-            if not record.keep_verdicts:
-                names += [keys.verdicts(record.key), keys.reuse(record.key)]
-                args += ["X", _key_text(record.key)]
-        else:
-            return False
-        return True
-
-    def _retention_ops(
-        self, record: Record, names: list[str], args: list[str | bytes | int]
-    ) -> bool:
-        """A tombstone or watermark's ops (written or dropped); False for other records."""
-        keys = self._keys
-        if isinstance(record, TombstoneRecord):
-            tomb = record.tombstone
-            names += [keys.tombstone(tomb.key), keys.verdicts(tomb.key), keys.reuse(tomb.key)]
-            names.append(keys.tombstone_index)
-            value = _EXPIRY.pack(record.expires_at) + tomb.record()
-            now_ms = _pxat(time.time())
-            args += ["T", value, _pxat(record.expires_at), self.max_tombstones, now_ms]
-        elif isinstance(record, DropTombstone):
-            names += [keys.tombstone(record.key), keys.tombstone_index]
-            names += [keys.verdicts(record.key), keys.reuse(record.key)]
-            args += ["U", "X", _key_text(record.key)]
-        elif isinstance(record, WatermarkRecord):
-            text = f"{record.expires_at!r} {record.scope}".encode("utf-8", "surrogatepass")
-            names += [keys.watermark(record.scope), keys.watermark_index]
-            args += ["W", record.attempt, text, _pxat(record.expires_at)]
-        elif isinstance(record, DropWatermark):
-            names += [keys.watermark(record.scope), keys.watermark_index]
-            args.append("U")
-        else:
-            return False
-        return True
+        """The keys and arguments of ``apply_ops`` that write ``records`` (see
+        ``redis_codec.encode_ops``)."""
+        return encode_ops(records, self._keys, self.max_tombstones)
 
     def _fenced(
         self, names: list[str], args: list[str | bytes | int], lease: Lease | None
     ) -> _Command:
         if lease is None:
-            return ("EVALSHA", _APPLY_SHA, len(names) + 1, names[0], *names, "", *args)
+            return ("EVALSHA", APPLY_SHA, len(names) + 1, names[0], *names, "", *args)
         lease_key = lease.key
         tag = lease_key[lease_key.index("{") : lease_key.index("}") + 1]
         # The retention indexes are the deployment's, like the replicas' own indexes.
@@ -808,7 +375,7 @@ class RedisStore:
         foreign = next((n for n in names if tag not in n and n not in indexes), None)
         if foreign is not None:
             raise ValueError(f"a batch fenced by the lease of one group writes {foreign}")
-        return ("EVALSHA", _APPLY_SHA, len(names) + 1, lease_key, *names, lease.value, *args)
+        return ("EVALSHA", APPLY_SHA, len(names) + 1, lease_key, *names, lease.value, *args)
 
     # ------------------------------------------------------------------ start-up read
     async def _load_raw(self) -> dict[str, list[tuple[bytes, Any]]]:
@@ -846,75 +413,3 @@ class RedisStore:
                     values.extend(await pipe.execute())
             raw[kind] = list(zip(keys, values, strict=True))
         return raw
-
-
-def _decode_all(raw: dict[str, list[tuple[bytes, Any]]], now_wall: float) -> Recovered:
-    """Turn the raw values into records (in a worker thread: it is CPU work)."""
-    cohorts: list[RecoveredCohort] = []
-    for name, fields in raw["c"]:
-        if not fields or b"h" not in fields:
-            continue  # members without a header are not a cohort
-        key_text = name.split(b"}:", 1)[1].decode()
-        cohorts.append(decode_cohort(CohortKey(*json.loads(key_text)), fields))
-    cohorts.sort(key=lambda c: c.header.seq)
-    tombstones: list[TombstoneRecord] = []
-    for _name, value in raw["t"]:
-        if value is None:
-            continue  # expired between SCAN and GET
-        tomb = decode_tombstone(value)
-        if tomb.expires_at > now_wall:
-            tombstones.append(tomb)
-    tombstones.sort(key=lambda t: t.expires_at)
-    watermarks: list[WatermarkRecord] = []
-    for _name, value in raw["w"]:
-        if value is None:
-            continue
-        mark = decode_watermark(value)
-        if mark.expires_at > now_wall:
-            watermarks.append(mark)
-    watermarks.sort(key=lambda w: w.expires_at)
-    verdicts = tuple(
-        _verdict_from(value) for _name, fields in raw["v"] for value in (fields or {}).values()
-    )
-    return Recovered(tuple(cohorts), tuple(tombstones), tuple(watermarks), verdicts)
-
-
-def decode_header(key: CohortKey, raw: bytes | str) -> CohortRecord:
-    """A cohort hash's ``h`` field."""
-    seq, size, prompt, digest, phase, created, collection, evaluation, *rest = json.loads(raw)
-    return CohortRecord(
-        key=key,
-        seq=seq,
-        group_size=size,
-        prompt=decode_prompt(json.dumps(prompt)),
-        prompt_digest=digest,
-        phase=Phase(phase),
-        created_at=created,
-        collection_deadline=collection,
-        evaluation_deadline=evaluation,
-        follows_attempt=bool(rest[0]) if rest else False,
-    )
-
-
-def decode_tombstone(value: bytes) -> TombstoneRecord:
-    """A ``genrm:t:`` value: its expiry, then the packed tombstone."""
-    (expires,) = _EXPIRY.unpack_from(value)
-    return TombstoneRecord(Tombstone.from_record(value[_EXPIRY.size :]), expires)
-
-
-def decode_watermark(value: bytes) -> WatermarkRecord:
-    attempt, expires, scope = value.decode("utf-8", "surrogatepass").split(" ", 2)
-    return WatermarkRecord(scope, int(attempt), float(expires))
-
-
-def decode_cohort(key: CohortKey, fields: dict[bytes, bytes]) -> RecoveredCohort:
-    """An active cohort's hash (``h`` and the members' ``m:`` fields, texts included)."""
-    members = []
-    for name, value in fields.items():
-        if name.startswith(b"m:"):
-            coords, digest, reasoning, answer = json.loads(value)
-            members.append(
-                MemberRecord(key, MemberCoords(*coords), digest, AnswerTexts(reasoning, answer))
-            )
-    members.sort(key=lambda m: m.coords.rollout_index)
-    return RecoveredCohort(decode_header(key, fields[b"h"]), tuple(members))

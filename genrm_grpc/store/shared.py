@@ -24,6 +24,10 @@ A replica that paused or lost Redis therefore cannot write on a stale view: any 
 since its read raised the version (and a taken-over evaluation changed the lease), so
 its commit is refused, and nothing it decided is published.
 
+The scripts are in ``genrm_grpc.store.lua``, with the store's batch script; the key
+names in ``genrm_grpc.store.redis_keys``; the channel's subscriber and its messages
+in ``genrm_grpc.store.channel``.
+
 Keys, beyond those of ``genrm_grpc.store.redis`` (same hash tag ``{T}`` per group):
 
 =========================  ========  ================================================
@@ -48,10 +52,8 @@ Cluster would need them per shard, which is not built.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import random
 import socket
 import time
 import uuid
@@ -59,146 +61,42 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from genrm_grpc.cohort.model import CohortKey, MemberCoords, Phase, Tombstone
+from genrm_grpc.cohort.model import CohortKey, Tombstone
 from genrm_grpc.cohort.records import (
-    CohortRecord,
-    DropCohort,
-    MemberRecord,
     Record,
     Recovered,
     RecoveredCohort,
-    TombstoneRecord,
     VerdictRecord,
 )
-from genrm_grpc.scoring.types import AnswerTexts
+from genrm_grpc.store import channel
 from genrm_grpc.store.lease import Lease
+from genrm_grpc.store.lua import CENSUS, CLAIM, COMMIT, LOAD, RELEASE, RENEW
 from genrm_grpc.store.records import StoreError, keep_recent
 from genrm_grpc.store.redis import (
-    _OPS,
+    UNAVAILABLE,
     RedisStartupError,
     RedisStore,
     RedisUnavailableError,
-    _ascii_json,
-    _cohort_tag,
-    _key_text,
-    _verdict_from,
-    decode_cohort,
-    decode_header,
-    decode_tombstone,
-    decode_watermark,
 )
+from genrm_grpc.store.redis_codec import (
+    decode_cohort,
+    decode_tombstone,
+    digest_group,
+    index_ops,
+    ms,
+    verdict_from,
+)
+from genrm_grpc.store.redis_keys import key_from, key_text
 
 log = logging.getLogger(__name__)
-
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
 #: How long an ended cohort's outcome stays in its mailbox for other replicas' waiters
 #: (an explicit cohort's tombstone outlives it; a completed legacy cohort has none).
 MAILBOX_TTL_S = 600.0
 #: How long a group's version counter outlives its last commit.
 VERSION_TTL_S = 86_400.0
-#: Prefix of a channel message announcing that a cohort grew (eager judging); a message
-#: without it names a cohort that ended.
-GROWN = "+"
-
-# KEYS: version, watermark, counts, cohort K, tombstone K.
-# ARGV: cohort key head and tombstone key head for the newest attempt, the key tail,
-#       K's attempt, the principal's count field.
-# Returns {version, watermark, total, principal's, K's fields, K's tombstone,
-#          newest attempt, its fields, its tombstone}; fields are the header ``h`` and
-#          the members' ``d:`` (digests, no texts).
-_LOAD = """
-local function digests(key)
-  local all = redis.call('HGETALL', key)
-  local kept = {}
-  for i = 1, #all, 2 do
-    local f = all[i]
-    if f == 'h' or string.sub(f, 1, 2) == 'd:' then
-      kept[#kept + 1] = f
-      kept[#kept + 1] = all[i + 1]
-    end
-  end
-  return kept
-end
-local out = {}
-out[1] = redis.call('GET', KEYS[1]) or '0'
-out[2] = redis.call('GET', KEYS[2]) or ''
-local counts = redis.call('HMGET', KEYS[3], '*', ARGV[5])
-out[3] = counts[1] or '0'
-out[4] = counts[2] or '0'
-out[5] = digests(KEYS[4])
-out[6] = redis.call('GET', KEYS[5]) or ''
-out[7] = ''
-out[8] = {}
-out[9] = ''
-local w = string.match(out[2], '^(%d+) ')
-if w and w ~= ARGV[4] then
-  out[7] = w
-  out[8] = digests(ARGV[1] .. w .. ARGV[3])
-  out[9] = redis.call('GET', ARGV[2] .. w .. ARGV[3]) or ''
-end
-return out
-"""
-
-# KEYS[1] version, KEYS[2] evaluation lease (or the version again); ARGV[1] the version
-# read, ARGV[2] the evaluator's lease value or '', ARGV[3] the version's TTL (ms); then
-# apply_ops from KEYS[3], ARGV[4]. Returns {1, lease token or 0}, {0, 0} when the group
-# changed since the read, {-1, 0} when the evaluation lease is not the one presented.
-_COMMIT = (
-    _OPS
-    + """
-if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return {0, 0} end
-if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return {-1, 0} end
-redis.call('INCR', KEYS[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-local token = apply_ops(3, 4)
-return {1, token}
-"""
-)
-
-# KEYS: counts, evaluation index, tombstone index, watermark index. ARGV: now (ms).
-# The indexes forget what expired first (amortised: each entry is dropped once).
-_CENSUS = """
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[1])
-return {tonumber(redis.call('HGET', KEYS[1], '*') or '0'), redis.call('ZCARD', KEYS[2]),
-        redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4])}
-"""
-
-# KEYS: lease, fence counter, evaluation index. ARGV: owner, lease ms, member, expiry ms.
-# Takes an evaluation over only when nobody holds its lease.
-_CLAIM = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local tok = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], 86400000)
-redis.call('SET', KEYS[1], tok .. ':' .. ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
-return tok
-"""
-
-# KEYS: lease, evaluation index. ARGV: holder's value, lease ms, member, expiry ms.
-_RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('ZADD', KEYS[2], 'XX', ARGV[4], ARGV[3])
-return 1
-"""
-
-# KEYS: lease, evaluation index. ARGV: holder's value, member. Hands the evaluation to
-# whichever replica looks next (its index entry is due at once).
-_RELEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('ZADD', KEYS[2], 'XX', 0, ARGV[2])
-return 1
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,38 +163,31 @@ class SharedGroups:
         #: Called with the seconds of every round trip (the store-latency metric).
         self.on_round_trip: Callable[[float], None] | None = None
         self._client = store._client
-        self._prefix = store._prefix
         self._keys = store._keys
-        self.channel = f"{self._prefix}:ended"
-        self._deadlines = f"{self._prefix}:dl"
-        self._evaluations = f"{self._prefix}:ev"
-        self._counts = f"{self._prefix}:n"
-        self._load = self._client.register_script(_LOAD)
-        self._commit = self._client.register_script(_COMMIT)
-        self._claim = self._client.register_script(_CLAIM)
-        self._renew = self._client.register_script(_RENEW)
-        self._release = self._client.register_script(_RELEASE)
-        self._census = self._client.register_script(_CENSUS)
+        self.channel = self._keys.channel
+        self._load = self._client.register_script(LOAD)
+        self._commit = self._client.register_script(COMMIT)
+        self._claim = self._client.register_script(CLAIM)
+        self._renew = self._client.register_script(RENEW)
+        self._release = self._client.register_script(RELEASE)
+        self._census = self._client.register_script(CENSUS)
 
     # ------------------------------------------------------------------ keys
-    def _tagged(self, kind: str, key: CohortKey) -> str:
-        return f"{self._prefix}:{kind}:{{{_cohort_tag(key)}}}"
-
     def version_key(self, key: CohortKey) -> str:
-        return self._tagged("g", key)
+        return self._keys.version(key)
 
     def lease_key(self, key: CohortKey) -> str:
-        return self._tagged("e", key)
+        return self._keys.lease(key)
 
     def mailbox_key(self, key: CohortKey) -> str:
-        return f"{self._tagged('o', key)}:{_key_text(key)}"
+        return self._keys.mailbox(key)
 
     # ------------------------------------------------------------------ calls
     async def _call(self, what: str, call: Awaitable[Any]) -> Any:
         started = time.perf_counter()
         try:
             return await call
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise RedisUnavailableError(f"the store {self.address} is unreachable: {exc}") from exc
         except RedisError as exc:
             raise StoreError(f"the store {self.address} refused {what}: {exc}") from exc
@@ -310,7 +201,7 @@ class SharedGroups:
         """Reach Redis (start-up): RedisStartupError naming the address when it cannot."""
         try:
             await self._client.ping()
-        except (*_UNAVAILABLE, RedisError) as exc:
+        except (*UNAVAILABLE, RedisError) as exc:
             raise RedisStartupError(f"cannot reach the store {self.address}: {exc}") from exc
 
     async def ping(self) -> None:
@@ -320,8 +211,8 @@ class SharedGroups:
         """The deployment's active, evaluating, tombstone and watermark counts (one round
         trip; the state gauges of every replica)."""
         keys = self._keys
-        names = [self._counts, self._evaluations, keys.tombstone_index, keys.watermark_index]
-        raw = await self._call("a census", self._census(keys=names, args=[_ms(now)]))
+        names = [keys.counts, keys.evaluations, keys.tombstone_index, keys.watermark_index]
+        raw = await self._call("a census", self._census(keys=names, args=[ms(now)]))
         active, evaluating, tombstones, watermarks = (int(v) for v in raw)
         self.stats.active_seen = active
         return active, evaluating, tombstones, watermarks
@@ -333,13 +224,10 @@ class SharedGroups:
         scope = key.group_scope
         if scope is not None:
             mark = keys.watermark(scope)
-            tag = _cohort_tag(key)
-            tail = "," + _ascii_json(key.principal) + "]"
-            middle = "[" + _ascii_json(key.group_id) + ",null,"
-            heads = [f"{self._prefix}:c:{{{tag}}}:{middle}", f"{self._prefix}:t:{{{tag}}}:{middle}"]
+            cohort_head, tomb_head, tail = keys.attempt_heads(key)
         else:
-            mark = f"{self._prefix}:w:{{{_cohort_tag(key)}}}"  # never written: no watermark
-            heads, tail = ["", ""], ""
+            mark = keys.tagged("w", key)  # never written: no watermark
+            cohort_head, tomb_head, tail = "", "", ""
         self.stats.loads += 1
         raw = await self._call(
             "a group read",
@@ -347,11 +235,11 @@ class SharedGroups:
                 keys=[
                     self.version_key(key),
                     mark,
-                    self._counts,
+                    self._keys.counts,
                     keys.cohort(key),
                     keys.tombstone(key),
                 ],
-                args=[*heads, tail, str(key.attempt), f"p:{key.principal}"],
+                args=[cohort_head, tomb_head, tail, str(key.attempt), f"p:{key.principal}"],
             ),
         )
         version, _mark, total, principal, *_ = raw
@@ -359,7 +247,7 @@ class SharedGroups:
         return GroupState(
             key=key,
             version=_text(version),
-            recovered=_digest_group(key, raw, time.time()),
+            recovered=digest_group(key, raw, time.time()),
             active_total=int(total),
             active_principal=int(principal),
         )
@@ -379,7 +267,7 @@ class SharedGroups:
             fields, journal = await self._call("an evaluation read", pipe.execute())
         if not fields or b"h" not in fields:
             return None, []
-        verdicts = [_verdict_from(value) for value in (journal or {}).values()]
+        verdicts = [verdict_from(value) for value in (journal or {}).values()]
         return decode_cohort(key, fields), verdicts
 
     async def outcomes(self, keys: Iterable[CohortKey]) -> dict[CohortKey, Tombstone]:
@@ -405,24 +293,24 @@ class SharedGroups:
         """Active cohorts whose next deadline has passed (oldest first)."""
         raw = await self._call(
             "a deadline scan",
-            self._client.zrangebyscore(self._deadlines, "-inf", _ms(now), start=0, num=limit),
+            self._client.zrangebyscore(self._keys.deadlines, "-inf", ms(now), start=0, num=limit),
         )
-        return [_key_from(member) for member in raw]
+        return [key_from(member) for member in raw]
 
     async def orphaned(self, now: float, limit: int = 16) -> list[CohortKey]:
         """Evaluating cohorts whose evaluator's lease has expired (or was handed off)."""
         raw = await self._call(
             "an evaluation scan",
-            self._client.zrangebyscore(self._evaluations, "-inf", _ms(now), start=0, num=limit),
+            self._client.zrangebyscore(self._keys.evaluations, "-inf", ms(now), start=0, num=limit),
         )
-        return [_key_from(member) for member in raw]
+        return [key_from(member) for member in raw]
 
     async def forget(self, key: CohortKey) -> None:
         """Drop a key the indexes still name but no active cohort has (a stale entry)."""
-        member = _key_text(key)
+        member = key_text(key)
         async with self._client.pipeline(transaction=False) as pipe:
-            pipe.zrem(self._deadlines, member)
-            pipe.zrem(self._evaluations, member)
+            pipe.zrem(self._keys.deadlines, member)
+            pipe.zrem(self._keys.evaluations, member)
             await self._call("an index cleanup", pipe.execute())
 
     # ------------------------------------------------------------------ write
@@ -452,20 +340,9 @@ class SharedGroups:
         key = state.key
         names, args = self.store.encode_ops(records)
         now = time.time()
-        self._index_ops(records, state.active_keys, names, args)
-        for tomb in ended:
-            names.append(self.mailbox_key(tomb.key))
-            args += ["S", tomb.record(), _ms(now + MAILBOX_TTL_S)]
-            args += ["P", self.channel, _key_text(tomb.key)]
-        for grew in grown:
-            args += ["P", self.channel, GROWN + _key_text(grew)]
-        lease_of = evaluate if evaluate is not None else collect
-        if lease_of is not None:
-            names += [self.lease_key(lease_of), self._tagged("x", lease_of)]
-            args += ["L", self.replica, _ms_span(self.lease_s), _ms_span(VERSION_TTL_S)]
-        if evaluate is not None:
-            names.append(self._evaluations)
-            args += ["Z", _ms(now + self.lease_s), _key_text(evaluate)]
+        index_ops(records, state.active_keys, self._keys, names, args)
+        self._message_ops(ended, grown, now, names, args)
+        self._lease_ops(evaluate, collect, now, names, args)
         version_key = self.version_key(key)
         lease_key = fence.key if fence is not None else version_key
         self.stats.commits += 1
@@ -490,44 +367,46 @@ class SharedGroups:
             return Committed(False, lease_lost=True)
         return Committed(True, token=token)
 
-    def _index_ops(
+    def _message_ops(
         self,
-        records: Sequence[Record],
-        before: frozenset[CohortKey],
+        ended: Sequence[Tombstone],
+        grown: Sequence[CohortKey],
+        now: float,
         names: list[str],
         args: list[Any],
     ) -> None:
-        """The deployment-wide indexes a commit of ``records`` keeps: each active
-        cohort's next deadline, and the active counts (a cohort created or dropped)."""
-        created: set[CohortKey] = set()
-        for record in records:
-            if isinstance(record, CohortRecord):
-                member = _key_text(record.key)
-                deadline = (
-                    record.evaluation_deadline
-                    if record.phase is Phase.EVALUATING and record.evaluation_deadline is not None
-                    else record.collection_deadline
-                )
-                names.append(self._deadlines)
-                args += ["Z", _ms(deadline), member]
-                if record.key not in before and record.key not in created:
-                    created.add(record.key)
-                    names += [self._counts, self._counts]
-                    args += ["I", "*", 1, "I", f"p:{record.key.principal}", 1]
-            elif isinstance(record, DropCohort):
-                member = _key_text(record.key)
-                names += [self._deadlines, self._evaluations, self.lease_key(record.key)]
-                args += ["R", member, "R", member, "D"]
-                if record.key in before or record.key in created:
-                    names += [self._counts, self._counts]
-                    args += ["I", "*", -1, "I", f"p:{record.key.principal}", -1]
+        """Each ended cohort's mailbox and message, then each grown cohort's message."""
+        for tomb in ended:
+            names.append(self.mailbox_key(tomb.key))
+            args += ["S", tomb.record(), ms(now + MAILBOX_TTL_S)]
+            args += ["P", self.channel, channel.ended_message(tomb.key)]
+        for grew in grown:
+            args += ["P", self.channel, channel.grown_message(grew)]
+
+    def _lease_ops(
+        self,
+        evaluate: CohortKey | None,
+        collect: CohortKey | None,
+        now: float,
+        names: list[str],
+        args: list[Any],
+    ) -> None:
+        """This replica's evaluation lease on ``evaluate`` (filed in the evaluation
+        index) or ``collect`` (eager judging), unless another replica holds it."""
+        lease_of = evaluate if evaluate is not None else collect
+        if lease_of is not None:
+            names += [self.lease_key(lease_of), self._keys.fence(lease_of)]
+            args += ["L", self.replica, _ms_span(self.lease_s), _ms_span(VERSION_TTL_S)]
+        if evaluate is not None:
+            names.append(self._keys.evaluations)
+            args += ["Z", ms(now + self.lease_s), key_text(evaluate)]
 
     # ------------------------------------------------------------------ evaluation leases
     def lease_for(self, key: CohortKey, token: int, taken_at: float | None = None) -> Lease:
         """This replica's lease ``token`` on ``key``'s evaluation, valid for ``lease_s``
         from ``taken_at`` (``time.monotonic()``; now when None)."""
         started = time.monotonic() if taken_at is None else taken_at
-        scope = key.group_scope or _key_text(key)
+        scope = key.group_scope or key_text(key)
         return Lease(scope, self.replica, token, started + self.lease_s, key=self.lease_key(key))
 
     async def claim(self, key: CohortKey) -> Lease | None:
@@ -536,12 +415,12 @@ class SharedGroups:
         token = await self._call(
             "a lease claim",
             self._claim(
-                keys=[self.lease_key(key), self._tagged("x", key), self._evaluations],
+                keys=[self.lease_key(key), self._keys.fence(key), self._keys.evaluations],
                 args=[
                     self.replica,
                     _ms_span(self.lease_s),
-                    _key_text(key),
-                    _ms(time.time() + self.lease_s),
+                    key_text(key),
+                    ms(time.time() + self.lease_s),
                 ],
             ),
         )
@@ -556,12 +435,12 @@ class SharedGroups:
         renewed = await self._call(
             "a lease renewal",
             self._renew(
-                keys=[lease.key, self._evaluations],
+                keys=[lease.key, self._keys.evaluations],
                 args=[
                     lease.value,
                     _ms_span(self.lease_s),
-                    _key_text(key),
-                    _ms(time.time() + self.lease_s),
+                    key_text(key),
+                    ms(time.time() + self.lease_s),
                 ],
             ),
         )
@@ -575,7 +454,9 @@ class SharedGroups:
         """Give an unfinished evaluation to the next replica that looks (a drain)."""
         await self._call(
             "a lease release",
-            self._release(keys=[lease.key, self._evaluations], args=[lease.value, _key_text(key)]),
+            self._release(
+                keys=[lease.key, self._keys.evaluations], args=[lease.value, key_text(key)]
+            ),
         )
 
     # ------------------------------------------------------------------ messages
@@ -589,125 +470,25 @@ class SharedGroups:
     ) -> None:
         """Deliver the channel's messages until ``stopping``; resubscribe after a drop.
 
-        A cohort that ended goes to ``on_ended``, one that grew (``GROWN``) to
-        ``on_grown``.
+        A cohort that ended goes to ``on_ended``, one that grew (``channel.GROWN``)
+        to ``on_grown``.
 
         ``on_subscribed`` runs after every (re)subscription: messages published while
         this replica was not subscribed are lost, so it re-reads what it waits for.
         """
-        # A connection of its own, without redis-py's transparent retry: a subscriber
-        # whose connection was cut must learn it (and re-read), not be reconnected
-        # silently with the messages of the gap lost.
-        listener = aioredis.Redis.from_url(
-            self.store.url, socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0)
+        await channel.listen(
+            self.store.url,
+            self.address,
+            self.channel,
+            on_ended,
+            on_subscribed,
+            stopping=stopping,
+            on_grown=on_grown,
         )
-        try:
-            await self._listen(listener, on_ended, on_grown, on_subscribed, stopping)
-        finally:
-            await listener.aclose()
-
-    async def _listen(
-        self,
-        listener: aioredis.Redis,
-        on_ended: Callable[[CohortKey], None],
-        on_grown: Callable[[CohortKey], None] | None,
-        on_subscribed: Callable[[], Awaitable[None]],
-        stopping: asyncio.Event,
-    ) -> None:
-        backoff = 0.05
-        while not stopping.is_set():
-            pubsub = listener.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.channel)
-                backoff = 0.05
-                await on_subscribed()
-                while not stopping.is_set():
-                    message = await pubsub.get_message(timeout=0.5)
-                    if message is not None and message.get("type") == "message":
-                        try:
-                            _dispatch(message["data"], on_ended, on_grown)
-                        except (ValueError, TypeError):
-                            log.warning("ignored a malformed message on %s", self.channel)
-            except (*_UNAVAILABLE, RedisError, StoreError) as exc:
-                log.warning("lost the replicas' channel on %s: %s", self.address, exc)
-                await asyncio.sleep(backoff + random.uniform(0, backoff))
-                backoff = min(backoff * 2, 1.0)
-            finally:
-                try:
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-                except (*_UNAVAILABLE, RedisError):
-                    pass
-
-
-def _digest_group(key: CohortKey, raw: Sequence[Any], now: float) -> Recovered:
-    """The group a read returned: ``key``'s cohort and tombstone, the newest attempt's,
-    and the watermark, as unexpired records."""
-    _version, watermark, _total, _principal, fields, tomb, newest, newest_fields, newest_tomb = raw
-    cohorts: list[RecoveredCohort] = []
-    tombstones: list[TombstoneRecord] = []
-    watermarks = []
-    if watermark:
-        mark_record = decode_watermark(watermark)
-        if mark_record.expires_at > now:
-            watermarks.append(mark_record)
-    newest_key = None if not newest else CohortKey(key.group_id, None, int(newest), key.principal)
-    for cohort_key, cohort_fields, tomb_value in (
-        (key, fields, tomb),
-        (newest_key, newest_fields, newest_tomb),
-    ):
-        if cohort_key is None:
-            continue
-        cohort = _digest_cohort(cohort_key, cohort_fields)
-        if cohort is not None:
-            cohorts.append(cohort)
-        if tomb_value:
-            record = decode_tombstone(tomb_value)
-            if record.expires_at > now:
-                tombstones.append(record)
-    return Recovered(tuple(cohorts), tuple(tombstones), tuple(watermarks))
-
-
-def _digest_cohort(key: CohortKey, flat: Sequence[bytes]) -> RecoveredCohort | None:
-    """An active cohort from its ``h`` and ``d:`` fields (member texts left empty)."""
-    fields = dict(zip(flat[0::2], flat[1::2], strict=True))
-    raw = fields.get(b"h")
-    if raw is None:
-        return None
-    # Every read returns all the members so far: one JSON parse for all of them, and
-    # coordinates built from the parsed list (as decode_coords reads them).
-    digested = json.loads(b"[" + b",".join(v for n, v in fields.items() if n[:2] == b"d:") + b"]")
-    empty = AnswerTexts("", "")
-    members = [
-        MemberRecord(key, MemberCoords(*coords), digest, empty) for coords, digest in digested
-    ]
-    members.sort(key=lambda m: m.coords.rollout_index)
-    return RecoveredCohort(decode_header(key, raw), tuple(members))
-
-
-def _dispatch(
-    data: bytes | str,
-    on_ended: Callable[[CohortKey], None],
-    on_grown: Callable[[CohortKey], None] | None,
-) -> None:
-    text = data.decode() if isinstance(data, bytes) else data
-    if text.startswith(GROWN):
-        if on_grown is not None:
-            on_grown(_key_from(text[len(GROWN) :]))
-    else:
-        on_ended(_key_from(text))
-
-
-def _key_from(member: bytes | str) -> CohortKey:
-    text = member.decode() if isinstance(member, bytes) else member
-    return CohortKey(*json.loads(text))
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _ms(instant: float) -> int:
-    return max(1, int(instant * 1000))
 
 
 def _ms_span(seconds: float) -> int:
