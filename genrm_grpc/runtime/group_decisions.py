@@ -34,11 +34,12 @@ from typing import Any, Protocol
 from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
 from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record
 from genrm_grpc.cohort.registry import CohortRegistry, Ended, SubmitDecision
+from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.live import RuntimeView
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.memory import MemoryStore, StoreView
 from genrm_grpc.store.records import StoreError
-from genrm_grpc.store.shared import GroupState, SharedGroups
+from genrm_grpc.store.shared import GroupState
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class Op:
 class GroupDecisions:
     def __init__(
         self,
-        shared: SharedGroups,
+        shared: GroupStore,
         config: GroupView,
         *,
         draining: Callable[[], bool],

@@ -22,11 +22,11 @@ from genrm_grpc.cohort.records import Record, Recovered, RecoveredCohort, Verdic
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.runtime.group_decisions import Decision, Event, GroupDecisions
+from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.judging import Judging
 from genrm_grpc.runtime.live import Live, RuntimeView
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.records import StoreError
-from genrm_grpc.store.shared import SharedGroups
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 class LeasedEvaluations:
     def __init__(
         self,
-        shared: SharedGroups,
+        shared: GroupStore,
         config: RuntimeView,
         judging: Judging,
         decisions: GroupDecisions,

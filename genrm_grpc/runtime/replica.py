@@ -58,6 +58,7 @@ from genrm_grpc.runtime.group_decisions import (
     Stale,
     mailbox,
 )
+from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.judging import Judging
 from genrm_grpc.runtime.leased import LeasedEvaluations
 from genrm_grpc.runtime.live import (
@@ -73,7 +74,6 @@ from genrm_grpc.runtime.live import (
 )
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.records import StoreError
-from genrm_grpc.store.shared import SharedGroups
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class ReplicaRuntime:
         judge: JudgeBackend,
         config: ReplicaView,
         *,
-        shared: SharedGroups,
+        shared: GroupStore,
         observer: RuntimeObserver | None = None,
         judge_identity: dict[str, object] | None = None,
         on_store_health: Callable[[bool], Awaitable[None]] | None = None,

@@ -1,0 +1,87 @@
+"""The seam between a runtime that decides one group at a time and where groups live.
+
+:class:`GroupStore` is every call ``runtime/group_decisions.py``, ``runtime/leased.py``
+and ``runtime/replica.py`` make on the group state they share with other replicas:
+versioned reads of one group, a compare-and-set commit, the evaluation lease, the
+deadline and orphan indexes, the outcome channel and the journal of passes. Today one
+implementation satisfies it, ``genrm_grpc.store.shared.SharedGroups`` over Redis; an
+in-process one (a dict of versioned groups, a lease it always holds, loop-timer
+deadlines, direct fan-out, SQLite or nothing behind it) is what would make the single
+process the one-replica case (docs/architecture.md, "What is not one yet").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol
+
+from genrm_grpc.cohort.model import CohortKey, Tombstone
+from genrm_grpc.cohort.records import Record, RecoveredCohort, VerdictRecord
+from genrm_grpc.store.lease import Lease
+from genrm_grpc.store.shared import Committed, GroupState, SharedStats
+
+
+class GroupJournal(Protocol):
+    """Where an evaluation's passes are journaled (fenced by its lease), and looked up."""
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    def persist(
+        self, records: Sequence[Record], *, lease: Lease | None = None
+    ) -> asyncio.Future[None]: ...
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None: ...
+
+
+class GroupStore(Protocol):
+    @property
+    def address(self) -> str: ...
+    @property
+    def lease_s(self) -> float: ...
+    @property
+    def stats(self) -> SharedStats: ...
+    @property
+    def store(self) -> GroupJournal: ...
+
+    async def connect(self) -> None: ...
+    async def census(self, now: float) -> tuple[int, int, int, int]: ...
+
+    # one group: read, then commit if it is still as read
+    async def load(self, key: CohortKey) -> GroupState: ...
+    async def version(self, key: CohortKey) -> str: ...
+    async def commit(
+        self,
+        state: GroupState,
+        records: Sequence[Record],
+        *,
+        ended: Sequence[Tombstone] = (),
+        evaluate: CohortKey | None = None,
+        collect: CohortKey | None = None,
+        grown: Sequence[CohortKey] = (),
+        fence: Lease | None = None,
+    ) -> Committed: ...
+
+    # evaluations and their leases
+    async def load_evaluation(
+        self, key: CohortKey
+    ) -> tuple[RecoveredCohort | None, list[VerdictRecord]]: ...
+    def lease_for(self, key: CohortKey, token: int, taken_at: float | None = None) -> Lease: ...
+    async def claim(self, key: CohortKey) -> Lease | None: ...
+    async def renew(self, key: CohortKey, lease: Lease) -> Lease | None: ...
+    async def release(self, key: CohortKey, lease: Lease) -> None: ...
+
+    # indexes and outcomes
+    async def due(self, now: float, limit: int = 64) -> list[CohortKey]: ...
+    async def orphaned(self, now: float, limit: int = 16) -> list[CohortKey]: ...
+    async def forget(self, key: CohortKey) -> None: ...
+    async def outcomes(self, keys: Iterable[CohortKey]) -> dict[CohortKey, Tombstone]: ...
+    async def listen(
+        self,
+        on_ended: Callable[[CohortKey], None],
+        on_subscribed: Callable[[], Awaitable[None]],
+        *,
+        stopping: asyncio.Event,
+        on_grown: Callable[[CohortKey], None] | None = None,
+    ) -> None: ...
