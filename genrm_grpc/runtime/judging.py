@@ -49,7 +49,6 @@ from genrm_grpc.runtime.live import (
     RuntimeView,
     Waiter,
     all_or_first_error,
-    pass_plan,
     retrieve_exception,
 )
 from genrm_grpc.runtime.plan import Pass
@@ -90,7 +89,7 @@ class Judging:
         self._journal = journal
         self._judge_identity = dict(judge_identity or {})
         self.sem = PrioritySemaphore(config.judge_max_concurrency)
-        self.plan = pass_plan(config)
+        self.plan = config.pass_plan()
         #: Verdicts journaled before a restart (or a takeover), by cohort and pass.
         self.resume = VerdictJournal(reuse=False)
         self.owned: set[asyncio.Task[Any]] = set()

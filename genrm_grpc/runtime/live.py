@@ -106,16 +106,8 @@ class RuntimeView(ScoringView, Protocol):
     #: question as one already journaled takes that verdict; ``off``: always judged.
     @property
     def verdict_reuse(self) -> Literal["group", "off"]: ...
-
-
-def pass_plan(config: RuntimeView) -> PassPlan:
-    """The judge passes the configuration asks for (also used to bound them up front)."""
-    return PassPlan.of(
-        config.comparison_mode,
-        config.comparison_strategy,
-        config.num_judges_per_comparison,
-        config.position_debias,
-    )
+    #: The judge passes of a cohort (comparison mode, strategy, judges, position debias).
+    def pass_plan(self) -> PassPlan: ...
 
 
 @dataclass(frozen=True, slots=True)
