@@ -43,7 +43,9 @@ from genrm_grpc.runtime.plan import PassPlan
 from genrm_grpc.scoring.types import JudgedPair, ScoringView
 from genrm_grpc.store.records import StoreError
 
-log = logging.getLogger(__name__)
+#: The logger of the one line per ended cohort. Its name is the one these lines have
+#: always carried (operators filter and route on it), whichever runtime writes them.
+outcome_log = logging.getLogger("genrm_grpc.runtime.engine")
 
 JudgeSchedule = Literal["after_collection", "eager"]
 
@@ -386,7 +388,7 @@ def log_outcome(
         reason = outcome.reason
     else:
         kind, level, message, reason = "failed", logging.WARNING, "cohort failed", outcome.reason
-    if log.isEnabledFor(level):
+    if outcome_log.isEnabledFor(level):
         fields: dict[str, object] = {
             "cohort": str(cohort.key),
             "group_size": cohort.group_size,
@@ -396,5 +398,5 @@ def log_outcome(
         }
         if reason is not None:
             fields["reason"] = reason
-        log.log(level, message, extra=fields)
+        outcome_log.log(level, message, extra=fields)
     observer.cohort_finished(cohort.key, kind, age_s)
