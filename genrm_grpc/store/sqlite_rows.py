@@ -64,14 +64,15 @@ class EndState:
 
     Each dict keeps its rows in the order in which the per-record path would have
     given them rowids: a row replaced (``INSERT OR REPLACE``) moves to the end, a
-    watermark raised (an upsert, which updates its row in place) keeps its place.
+    watermark raised (an upsert, which updates its row in place) keeps its place. The
+    dicts hold the records; only those left at :meth:`write` are encoded.
     """
 
     def __init__(self) -> None:
-        self.cohorts: dict[str, tuple[Any, ...]] = {}
-        self.members: dict[str, dict[int, tuple[Any, ...]]] = {}
-        self.verdicts: dict[str, dict[tuple[int, int, int], tuple[Any, ...]]] = {}
-        self.tombstones: dict[str, tuple[Any, ...]] = {}
+        self.cohorts: dict[str, CohortRecord] = {}
+        self.members: dict[str, dict[int, MemberRecord]] = {}
+        self.verdicts: dict[str, dict[tuple[int, int, int], VerdictRecord]] = {}
+        self.tombstones: dict[str, TombstoneRecord] = {}
         self.watermarks: dict[str, list[Any]] = {}
         # Deletes: cohorts with their members; verdicts by cohort; tombstones; watermarks.
         self.dropped_cohorts: set[str] = set()
@@ -98,20 +99,20 @@ class EndState:
             rows = self.members.setdefault(self._key(record.key), {})
             slot = record.coords.rollout_index
             rows.pop(slot, None)
-            rows[slot] = _member_row(self._key(record.key), record)
+            rows[slot] = record
         elif isinstance(record, VerdictRecord):
             passes = self.verdicts.setdefault(self._key(record.cohort), {})
             at = (record.response_i, record.response_j, record.judge_index)
             passes.pop(at, None)
-            passes[at] = _verdict_row(self._key(record.cohort), record)
+            passes[at] = record
         elif isinstance(record, CohortRecord):
             key = self._key(record.key)
             self.cohorts.pop(key, None)
-            self.cohorts[key] = _cohort_row(key, record)
+            self.cohorts[key] = record
         elif isinstance(record, TombstoneRecord):
             key = self._key(record.tombstone.key)
             self.tombstones.pop(key, None)
-            self.tombstones[key] = (key, record.tombstone.record(), record.expires_at)
+            self.tombstones[key] = record
         elif isinstance(record, WatermarkRecord):
             # Raised in place (an upsert keeps its row): the first write keeps its place.
             mark = self.watermarks.get(record.scope)
@@ -156,11 +157,20 @@ class EndState:
             if keys:
                 conn.executemany(sql, [(k,) for k in keys])
         inserts: tuple[tuple[str, Any], ...] = (
-            (_INSERT_COHORT, self.cohorts.values()),
-            (_INSERT_MEMBER, [row for rows in self.members.values() for row in rows.values()]),
-            (_INSERT_TOMBSTONE, self.tombstones.values()),
+            (_INSERT_COHORT, [_cohort_row(k, r) for k, r in self.cohorts.items()]),
+            (
+                _INSERT_MEMBER,
+                [_member_row(k, r) for k, rows in self.members.items() for r in rows.values()],
+            ),
+            (
+                _INSERT_TOMBSTONE,
+                [(k, r.tombstone.record(), r.expires_at) for k, r in self.tombstones.items()],
+            ),
             (_RAISE_WATERMARK, self.watermarks.values()),
-            (_INSERT_VERDICT, [row for rows in self.verdicts.values() for row in rows.values()]),
+            (
+                _INSERT_VERDICT,
+                [_verdict_row(k, r) for k, rows in self.verdicts.items() for r in rows.values()],
+            ),
         )
         for sql, rows in inserts:
             if rows:

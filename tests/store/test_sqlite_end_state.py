@@ -258,11 +258,18 @@ def test_any_commit_leaves_what_its_records_applied_one_by_one_leave(
         asyncio.run(both(Path(tmp)))
 
 
-def test_the_row_of_a_pass_written_twice_in_a_commit_is_the_last_one() -> None:
+async def test_the_row_of_a_pass_written_twice_in_a_commit_is_the_last_one(
+    tmp_path: Path,
+) -> None:
     a = KEYS[0]
     first = verdict_record(a, 0, 1)
     again = dataclasses.replace(first, finished_at=NOW + 1)
-    rows = EndState()
-    rows.add_all([first, again])
-    ((only,),) = [list(passes.values()) for passes in rows.verdicts.values()]
-    assert only[-1] == NOW + 1
+    store = SqliteStore(tmp_path / "s.sqlite3")
+    await store.open(NOW)
+    await store.persist([first, again])
+    assert store.stats.commits == 1
+    found = await store.find_verdict(
+        again.scope or "", again.context, again.first, again.second, 0, False
+    )
+    await store.close()
+    assert found == again
