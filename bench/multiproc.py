@@ -331,18 +331,15 @@ def section_single(
     """Three sides in the same rounds: the service on ``memory://`` (``service``), the
     same on the default store, a fresh SQLite file (``service-sqlite``), and the echo."""
     service = start_service("service-single", judge, logs, concurrency=plan.concurrency)
+    url = fresh_store(logs, "single-sqlite")
     on_file = start_service(
-        "service-single-sqlite",
-        judge,
-        logs,
-        concurrency=plan.concurrency,
-        store=fresh_store(logs, "single-sqlite"),
+        "service-single-sqlite", judge, logs, concurrency=plan.concurrency, store=url
     )
     echo = start_baseline("echo", "echo", judge, logs, concurrency=plan.concurrency)
     try:
         for p in (service, on_file, echo):
             warm(load, p, 1, plan.warmup_groups * 8, plan.single_in_flight)
-        return abab(
+        out = abab(
             plan,
             load,
             {"service": service, "service-sqlite": on_file, "echo": echo},
@@ -358,6 +355,8 @@ def section_single(
         service.stop()
         on_file.stop()
         echo.stop()
+    out["served_file"] = store_file_figures(_store_file(url))
+    return out
 
 
 def saturation_run(
