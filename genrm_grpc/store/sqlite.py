@@ -31,7 +31,7 @@ from pathlib import Path
 
 from genrm_grpc.cohort.records import Record, Recovered, VerdictRecord
 from genrm_grpc.store.records import StoreError, StoreSchemaError, decode_key, keep_recent
-from genrm_grpc.store.sqlite_rows import VERDICT_COLUMNS, EndState, load, verdict
+from genrm_grpc.store.sqlite_rows import VERDICT_COLUMNS, EndState, load, stored_cohorts, verdict
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,8 @@ class SqliteStore:
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self._lock_fd: int | None = None
+        #: Cohort keys that may have rows in the file (the writer thread's; see EndState).
+        self._stored: set[str] = set()
         self.stats = SqliteStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -273,6 +275,7 @@ class SqliteStore:
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             recovered = load(conn, now_wall)
+            self._stored = stored_cohorts(conn)
             self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._reader.execute("PRAGMA query_only=ON")
         except StoreSchemaError:
@@ -325,8 +328,9 @@ class SqliteStore:
                 rows = EndState()
                 for batch in batches:
                     rows.add_all(batch.records)
-                rows.write(conn)
+                rows.write(conn, self._stored)
                 conn.execute("COMMIT")
+                rows.settle(self._stored)
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")

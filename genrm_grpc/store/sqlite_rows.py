@@ -10,6 +10,10 @@ record: a row whose last record deletes it has no insert left, and a row whose l
 record writes it is written after the deletes. A watermark is raised, never lowered:
 the inserts of one scope since its last delete fold into one (the highest attempt,
 the last expiry), which the upsert then raises against the stored row, if any.
+
+The store also knows which cohorts may have rows in the file (read at start-up, added
+to before each commit, taken out once a drop is committed): a cohort that begins and
+ends within one commit, as a 1-member cohort does, is never written and never deleted.
 """
 
 from __future__ import annotations
@@ -144,11 +148,19 @@ class EndState:
         else:  # pragma: no cover - the Record union is closed
             raise TypeError(f"not a store record: {record!r}")
 
-    def write(self, conn: sqlite3.Connection) -> None:
-        """Every delete, then every insert, one ``executemany`` per statement."""
+    def write(self, conn: sqlite3.Connection, stored: set[str]) -> None:
+        """Every delete, then every insert, one ``executemany`` per statement.
+
+        ``stored`` holds every cohort key that may have a header or member rows in the
+        file (a superset: :meth:`settle` takes keys out once their drop is committed).
+        A dropped cohort outside it has no row to delete, e.g. a 1-member cohort whose
+        header, member and drop all came in this commit: its deletes are skipped.
+        """
+        gone = self.dropped_cohorts & stored
+        stored.update(self.cohorts, self.members)  # before the commit: kept if it fails
         deletes = (
-            ("DELETE FROM cohorts WHERE key = ?", self.dropped_cohorts),
-            ("DELETE FROM members WHERE key = ?", self.dropped_cohorts),
+            ("DELETE FROM cohorts WHERE key = ?", gone),
+            ("DELETE FROM members WHERE key = ?", gone),
             ("DELETE FROM verdicts WHERE cohort = ?", self.dropped_verdicts),
             ("DELETE FROM tombstones WHERE key = ?", self.dropped_tombstones),
             ("DELETE FROM watermarks WHERE scope = ?", self.dropped_watermarks),
@@ -175,6 +187,10 @@ class EndState:
         for sql, rows in inserts:
             if rows:
                 conn.executemany(sql, rows)
+
+    def settle(self, stored: set[str]) -> None:
+        """After the commit: the dropped cohorts not written again have no rows left."""
+        stored.difference_update(self.dropped_cohorts - self.cohorts.keys() - self.members.keys())
 
 
 def _cohort_row(key: str, record: CohortRecord) -> tuple[Any, ...]:
@@ -243,6 +259,11 @@ def verdict(cohort: CohortKey, row: Sequence[Any]) -> VerdictRecord:
         usage=None if usage[0] is None else (usage[0], usage[1], usage[2]),
         finished_at=finished,
     )
+
+
+def stored_cohorts(conn: sqlite3.Connection) -> set[str]:
+    """The cohort keys with a header or member rows in the file (``EndState.write``)."""
+    return {key for (key,) in conn.execute("SELECT key FROM cohorts UNION SELECT key FROM members")}
 
 
 def load(conn: sqlite3.Connection, now_wall: float) -> Recovered:

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +31,7 @@ from genrm_grpc.cohort.records import (
     WatermarkRecord,
 )
 from genrm_grpc.scoring.types import AnswerTexts
+from genrm_grpc.store.records import StoreError, encode_key
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.store.sqlite_rows import EndState
 from tests.store.samples import NOW, PROMPT, digest, tombstone, verdict_record
@@ -188,28 +190,33 @@ async def test_watermarks_of_one_commit_keep_the_highest_attempt_and_the_last_ex
     )
 
 
+def traced_write(path: Path, records: Sequence[Record], stored: set[str]) -> list[str]:
+    """The statements one commit of ``records`` executes (one per row, executemany too)."""
+    rows = EndState()
+    rows.add_all(records)
+    statements: list[str] = []
+    with sqlite3.connect(path) as conn:
+        conn.set_trace_callback(statements.append)
+        rows.write(conn, stored)
+    return statements
+
+
 async def test_a_row_written_several_times_in_a_commit_is_written_once(tmp_path: Path) -> None:
     await written(tmp_path / "s.sqlite3", [])  # the schema
     a, b, _ = KEYS
-    rows = EndState()
-    rows.add_all(
-        [
-            header(a),
-            member(a, 0),
-            header(a, Phase.EVALUATING),
-            member(a, 0, "again"),
-            verdict_record(a, 0, 1),
-            verdict_record(a, 0, 1),
-            WatermarkRecord("g1", 1, NOW),
-            WatermarkRecord("g1", 2, NOW),
-            header(b),
-            DropCohort(b),
-        ]
-    )
-    statements: list[str] = []
-    with sqlite3.connect(tmp_path / "s.sqlite3") as conn:
-        conn.set_trace_callback(statements.append)
-        rows.write(conn)
+    records = [
+        header(a),
+        member(a, 0),
+        header(a, Phase.EVALUATING),
+        member(a, 0, "again"),
+        verdict_record(a, 0, 1),
+        verdict_record(a, 0, 1),
+        WatermarkRecord("g1", 1, NOW),
+        WatermarkRecord("g1", 2, NOW),
+        header(b),
+        DropCohort(b),
+    ]
+    statements = traced_write(tmp_path / "s.sqlite3", records, set())
     writes = [s.split(" (")[0].split(" VALUES")[0] for s in statements if "INTO" in s]
     assert sorted(writes) == sorted(
         [
@@ -219,7 +226,40 @@ async def test_a_row_written_several_times_in_a_commit_is_written_once(tmp_path:
             "INSERT INTO watermarks",
         ]
     )
+    # b was never in the file: nothing to delete. Once it may be, its drop deletes.
+    assert not [s for s in statements if s.startswith("DELETE")]
+    stored = {encode_key(b)}
+    statements = traced_write(tmp_path / "s.sqlite3", records, stored)
     assert sum(s.startswith("DELETE") for s in statements) == 2  # b's header and members
+    assert stored == {encode_key(a), encode_key(b)}  # a is written: it may be in the file
+
+
+async def test_a_drop_deletes_the_rows_an_earlier_process_left_in_the_file(
+    tmp_path: Path,
+) -> None:
+    a, b, _ = KEYS
+    path = tmp_path / "s.sqlite3"
+    # b's member is in the file without its header (a write that failed half-way).
+    await written(path, [[header(a), member(a, 0), member(b, 1)]])
+    recovered = await written(path, [[DropCohort(a), DropCohort(b)]])
+    assert recovered == Recovered()
+    assert dump(path)["members"] == []
+
+
+async def test_a_cohort_dropped_after_a_failed_commit_leaves_no_rows(tmp_path: Path) -> None:
+    # The failed commit (rolled back) held the cohort's header; the store's record of
+    # which cohorts may have rows must still lead the later drop to delete them.
+    a = KEYS[0]
+    path = tmp_path / "s.sqlite3"
+    store = SqliteStore(path)
+    await store.open(NOW)
+    unencodable = MemberRecord(a, MemberCoords(1), digest(1), AnswerTexts("", "\ud800"))
+    with pytest.raises(StoreError):
+        await store.persist([header(a), unencodable])
+    await store.persist([header(a), member(a, 0)])
+    await store.persist([DropCohort(a)])
+    await store.close()
+    assert dump(path)["cohorts"] == dump(path)["members"] == []
 
 
 def records_strategy() -> st.SearchStrategy[list[Record]]:
@@ -244,18 +284,30 @@ def records_strategy() -> st.SearchStrategy[list[Record]]:
 
 
 @settings(max_examples=100, deadline=None)
-@given(stored=records_strategy(), records=records_strategy())
-def test_any_commit_leaves_what_its_records_applied_one_by_one_leave(
-    stored: list[Record], records: list[Record]
+@given(commits=st.lists(records_strategy(), min_size=1, max_size=4))
+def test_any_commits_leave_what_their_records_applied_one_by_one_leave(
+    commits: list[list[Record]],
 ) -> None:
     async def both(path: Path) -> None:
-        each = await written(path / "each.sqlite3", [[r] for r in stored + records])
-        together = await written(path / "all.sqlite3", [stored, records])
+        each = await written(path / "each.sqlite3", [[r] for c in commits for r in c])
+        together = await written(path / "all.sqlite3", commits)
         assert dump(path / "all.sqlite3") == dump(path / "each.sqlite3")
         assert together == each
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(both(Path(tmp)))
+
+
+async def test_members_written_after_their_cohorts_drop_are_deleted_by_a_later_drop(
+    tmp_path: Path,
+) -> None:
+    a = KEYS[0]
+    first: list[list[Record]] = [[header(a), member(a, 0)], [DropCohort(a), member(a, 1)]]
+    await written(tmp_path / "kept.sqlite3", first)
+    assert [row[1] for row in dump(tmp_path / "kept.sqlite3")["members"]] == [1]
+    # The same three commits on one open store: the last drop deletes that row.
+    await written(tmp_path / "s.sqlite3", [*first, [DropCohort(a)]])
+    assert dump(tmp_path / "s.sqlite3")["members"] == []
 
 
 async def test_the_row_of_a_pass_written_twice_in_a_commit_is_the_last_one(
