@@ -25,7 +25,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,7 +112,8 @@ _STOP = object()
 @dataclass(eq=False)
 class _Batch:
     records: Sequence[Record]
-    done: Callable[[BaseException | None], None]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
 
 
 @dataclass
@@ -240,10 +241,7 @@ class SqliteStore:
             future.set_exception(StoreError(f"the store {self.path} is closed"))
             return future
 
-        def done(error: BaseException | None) -> None:
-            loop.call_soon_threadsafe(_settle, future, error)
-
-        self._queue.put(_Batch(records, done))
+        self._queue.put(_Batch(records, loop, future))
         return future
 
     # ------------------------------------------------------------------ thread side
@@ -348,17 +346,22 @@ class SqliteStore:
             self.stats.batches += len(batches)
             self.stats.records += sum(len(b.records) for b in batches)
             keep_recent(self.stats.commit_seconds, time.perf_counter() - started)
+        # One wake-up per event loop for the whole commit, not one per batch.
+        waiting: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
         for batch in batches:
-            batch.done(error)
+            waiting.setdefault(batch.loop, []).append(batch.future)
+        for loop, futures in waiting.items():
+            loop.call_soon_threadsafe(_settle, futures, error)
 
 
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():  # the caller went away
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for future in futures:
+        if future.done():  # the caller went away
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
 
 
 def _drain(first: object, q: queue.SimpleQueue[object]) -> list[object]:
