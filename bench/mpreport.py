@@ -17,7 +17,14 @@ from typing import Any
 
 from bench.util import mark, md_table, num
 
-KEPT_SECTIONS = ("judge-client", "hot-path", "judge-farm", "judge-tokens", "vs-nemo-gym")
+KEPT_SECTIONS = (
+    "judge-client",
+    "hot-path",
+    "sqlite-writes",
+    "judge-farm",
+    "judge-tokens",
+    "vs-nemo-gym",
+)
 TARGETS = {
     "cpu_per_judge_call_us": 300.0,
     "saturation": 0.85,
