@@ -14,7 +14,8 @@ Sections (each compares its sides in the same run, alternating the order round b
 - ``throughput``  16-member groups, instant judge: the service vs the echo-plus-judge
                   baseline (same judge bodies, same concurrency bound), SubmitMember and
                   StreamGroups; server CPU per member and per judge call.
-- ``single``      1-member groups (no judge call): the service vs a bare echo.
+- ``single``      1-member groups (no judge call): the service on ``memory://`` and on
+                  the default store (a fresh SQLite file) vs a bare echo.
 - ``saturation``  judge latency L = 100 ms, ``judge_max_concurrency`` C = 16, 64, 256:
                   judge calls/s ÷ (C / L) in the steady state, and the most requests the
                   judge ever saw in flight (must never exceed C).
@@ -31,7 +32,8 @@ Sections (each compares its sides in the same run, alternating the order round b
                   trips and commands per member.
 
 Every ``genrm-grpc serve`` gets its store through ``GENRM_STORE``: ``memory://``, except
-the SQLite side of ``store`` (a fresh file in the run's log directory).
+the SQLite sides of ``single`` and ``store`` (a fresh file each in the run's log
+directory).
 """
 
 from __future__ import annotations
@@ -191,7 +193,8 @@ def abab(
     rounds: int,
     **cmd: Any,
 ) -> dict[str, Any]:
-    """Both sides per API and round, the order alternating round by round; ratios A/B."""
+    """Every side per API and round, the order reversed every other round; the ratios
+    of each side's throughput to the last side's (``ratios``), ``ratio`` the first's."""
     names = list(sides)
     runs: list[Run] = []
     for rnd in range(rounds):
@@ -209,15 +212,22 @@ def abab(
                     f"server CPU {last.cpu_us_per_member:.0f} µs/member",
                     flush=True,
                 )
-    a, b = names
+    *others, ref = names
     summary: dict[str, Any] = {}
     for api in apis:
         per = {n: [r for r in runs if r.api == api and r.side == n] for n in names}
-        ratios = [
-            ra.members_per_s / rb.members_per_s for ra, rb in zip(per[a], per[b], strict=True)
-        ]
+        ratios = {
+            n: spread(
+                [
+                    ra.members_per_s / rb.members_per_s
+                    for ra, rb in zip(per[n], per[ref], strict=True)
+                ]
+            )
+            for n in others
+        }
         summary[api] = {
-            "ratio": spread(ratios),
+            "ratio": ratios[others[0]],
+            "ratios": ratios,
             **{
                 n: {
                     "members_per_s": spread([r.members_per_s for r in per[n]]),
@@ -318,15 +328,21 @@ def section_throughput(
 def section_single(
     plan: MultiPlan, load: LoadGen, judge: Judge, logs: pathlib.Path
 ) -> dict[str, Any]:
+    """Three sides in the same rounds: the service on ``memory://`` (``service``), the
+    same on the default store, a fresh SQLite file (``service-sqlite``), and the echo."""
     service = start_service("service-single", judge, logs, concurrency=plan.concurrency)
+    url = fresh_store(logs, "single-sqlite")
+    on_file = start_service(
+        "service-single-sqlite", judge, logs, concurrency=plan.concurrency, store=url
+    )
     echo = start_baseline("echo", "echo", judge, logs, concurrency=plan.concurrency)
     try:
-        for p in (service, echo):
+        for p in (service, on_file, echo):
             warm(load, p, 1, plan.warmup_groups * 8, plan.single_in_flight)
-        return abab(
+        out = abab(
             plan,
             load,
-            {"service": service, "echo": echo},
+            {"service": service, "service-sqlite": on_file, "echo": echo},
             judge,
             apis=APIS,
             rounds=plan.rounds,
@@ -337,7 +353,10 @@ def section_single(
         )
     finally:
         service.stop()
+        on_file.stop()
         echo.stop()
+    out["served_file"] = store_file_figures(_store_file(url))
+    return out
 
 
 def saturation_run(

@@ -39,8 +39,13 @@ class StoreSchemaError(StoreError):
 
 
 # ---------------------------------------------------------------------- encoding
+# One encoder for every record: json.dumps with options builds a new one per call, which
+# is most of the cost of encoding a key (~4 µs; ~1 µs through this one). Same output.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _dumps(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(value)
 
 
 def encode_key(key: CohortKey) -> str:

@@ -3,8 +3,10 @@
 Every ``persist`` call hands a batch of records to the writer thread and returns an
 awaitable that resolves once the batch is committed. The thread takes every batch that
 is waiting when it wakes and commits them in one transaction, so a burst of N
-submissions costs one fsync, not N. The event loop never touches the database: it
-enqueues and awaits.
+submissions costs one fsync, not N; the transaction writes the end state of all their
+records (``sqlite_rows.EndState``: a row written twice is written once, a row deleted
+later in the same commit is not written). The event loop never touches the database:
+it enqueues and awaits.
 
 The schema carries its version in ``PRAGMA user_version``; opening a file written by a
 newer server, or a file that is not a SQLite database, raises
@@ -23,37 +25,13 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from genrm_grpc.cohort.model import CohortKey, Phase, Tombstone
-from genrm_grpc.cohort.records import (
-    CohortRecord,
-    DropCohort,
-    DropTombstone,
-    DropWatermark,
-    MemberRecord,
-    Record,
-    Recovered,
-    RecoveredCohort,
-    TombstoneRecord,
-    VerdictRecord,
-    WatermarkRecord,
-)
-from genrm_grpc.scoring.types import AnswerTexts, Verdict
-from genrm_grpc.store.records import (
-    StoreError,
-    StoreSchemaError,
-    decode_coords,
-    decode_key,
-    decode_prompt,
-    encode_coords,
-    encode_key,
-    encode_prompt,
-    keep_recent,
-)
+from genrm_grpc.cohort.records import Record, Recovered, VerdictRecord
+from genrm_grpc.store.records import StoreError, StoreSchemaError, decode_key, keep_recent
+from genrm_grpc.store.sqlite_rows import VERDICT_COLUMNS, EndState, load, stored_cohorts, verdict
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +112,8 @@ _STOP = object()
 @dataclass(eq=False)
 class _Batch:
     records: Sequence[Record]
-    done: Callable[[BaseException | None], None]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
 
 
 @dataclass
@@ -165,6 +144,8 @@ class SqliteStore:
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self._lock_fd: int | None = None
+        #: Cohort keys that may have rows in the file (the writer thread's; see EndState).
+        self._stored: set[str] = set()
         self.stats = SqliteStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -228,7 +209,7 @@ class SqliteStore:
                 raise StoreError(f"the store {self.path} is closed")
             try:
                 row = self._reader.execute(
-                    f"SELECT cohort, {_VERDICT_COLUMNS} FROM verdicts WHERE scope = ? AND "
+                    f"SELECT cohort, {VERDICT_COLUMNS} FROM verdicts WHERE scope = ? AND "
                     "context = ? AND first = ? AND second = ? AND judge_index = ? AND swap = ? "
                     "LIMIT 1",
                     (
@@ -242,7 +223,7 @@ class SqliteStore:
                 ).fetchone()
             except sqlite3.Error as exc:
                 raise StoreError(f"the store {self.path} could not be read: {exc}") from exc
-        return None if row is None else _verdict(decode_key(row[0]), row[1:])
+        return None if row is None else verdict(decode_key(row[0]), row[1:])
 
     # ------------------------------------------------------------------ writing
     def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
@@ -260,10 +241,7 @@ class SqliteStore:
             future.set_exception(StoreError(f"the store {self.path} is closed"))
             return future
 
-        def done(error: BaseException | None) -> None:
-            loop.call_soon_threadsafe(_settle, future, error)
-
-        self._queue.put(_Batch(records, done))
+        self._queue.put(_Batch(records, loop, future))
         return future
 
     # ------------------------------------------------------------------ thread side
@@ -294,7 +272,8 @@ class SqliteStore:
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 conn.execute("COMMIT")
-            recovered = _load(conn, now_wall)
+            recovered = load(conn, now_wall)
+            self._stored = stored_cohorts(conn)
             self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._reader.execute("PRAGMA query_only=ON")
         except StoreSchemaError:
@@ -344,8 +323,12 @@ class SqliteStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                _apply_all(conn, [r for batch in batches for r in batch.records])
+                rows = EndState()
+                for batch in batches:
+                    rows.add_all(batch.records)
+                rows.write(conn, self._stored)
                 conn.execute("COMMIT")
+                rows.settle(self._stored)
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
@@ -363,17 +346,22 @@ class SqliteStore:
             self.stats.batches += len(batches)
             self.stats.records += sum(len(b.records) for b in batches)
             keep_recent(self.stats.commit_seconds, time.perf_counter() - started)
+        # One wake-up per event loop for the whole commit, not one per batch.
+        waiting: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
         for batch in batches:
-            batch.done(error)
+            waiting.setdefault(batch.loop, []).append(batch.future)
+        for loop, futures in waiting.items():
+            loop.call_soon_threadsafe(_settle, futures, error)
 
 
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():  # the caller went away
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for future in futures:
+        if future.done():  # the caller went away
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
 
 
 def _drain(first: object, q: queue.SimpleQueue[object]) -> list[object]:
@@ -383,207 +371,3 @@ def _drain(first: object, q: queue.SimpleQueue[object]) -> list[object]:
             items.append(q.get_nowait())
         except queue.Empty:
             return items
-
-
-_INSERT_MEMBER = "INSERT OR REPLACE INTO members VALUES (?, ?, ?, ?, ?, ?)"
-_INSERT_VERDICT = (
-    "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
-
-def _member_row(record: MemberRecord) -> tuple[Any, ...]:
-    return (
-        encode_key(record.key),
-        record.coords.rollout_index,
-        encode_coords(record.coords),
-        record.digest,
-        record.texts.reasoning,
-        record.texts.answer,
-    )
-
-
-def _verdict_row(record: VerdictRecord) -> tuple[Any, ...]:
-    v, usage = record.verdict, record.usage or (None, None, None)
-    return (
-        encode_key(record.cohort),
-        record.response_i,
-        record.response_j,
-        record.judge_index,
-        record.scope,
-        bytes.fromhex(record.context),
-        bytes.fromhex(record.first),
-        bytes.fromhex(record.second),
-        record.swap,
-        v.score_1,
-        v.score_2,
-        v.ranking,
-        v.parse_failed,
-        *usage,
-        record.finished_at,
-    )
-
-
-def _apply_all(conn: sqlite3.Connection, records: Sequence[Record]) -> None:
-    """Apply ``records`` in order; runs of members or verdicts go as one executemany."""
-    run: list[tuple[Any, ...]] = []
-    run_sql = ""
-    for record in records:
-        if isinstance(record, MemberRecord):
-            sql, row = _INSERT_MEMBER, _member_row(record)
-        elif isinstance(record, VerdictRecord):
-            sql, row = _INSERT_VERDICT, _verdict_row(record)
-        else:
-            if run:
-                conn.executemany(run_sql, run)
-                run = []
-            _apply(conn, record)
-            continue
-        if run and sql is not run_sql:
-            conn.executemany(run_sql, run)
-            run = []
-        run_sql = sql
-        run.append(row)
-    if run:
-        conn.executemany(run_sql, run)
-
-
-def _apply(conn: sqlite3.Connection, record: Record) -> None:
-    if isinstance(record, MemberRecord):
-        conn.execute(_INSERT_MEMBER, _member_row(record))
-    elif isinstance(record, VerdictRecord):
-        conn.execute(_INSERT_VERDICT, _verdict_row(record))
-    elif isinstance(record, CohortRecord):
-        conn.execute(
-            "INSERT OR REPLACE INTO cohorts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                encode_key(record.key),
-                record.key.group_id,
-                record.seq,
-                record.group_size,
-                encode_prompt(record.prompt),
-                record.prompt_digest,
-                record.phase.value,
-                record.created_at,
-                record.collection_deadline,
-                record.evaluation_deadline,
-                record.follows_attempt,
-            ),
-        )
-    elif isinstance(record, DropCohort):
-        key = encode_key(record.key)
-        conn.execute("DELETE FROM cohorts WHERE key = ?", (key,))
-        conn.execute("DELETE FROM members WHERE key = ?", (key,))
-        if not record.keep_verdicts:
-            conn.execute("DELETE FROM verdicts WHERE cohort = ?", (key,))
-    elif isinstance(record, TombstoneRecord):
-        tomb = record.tombstone
-        conn.execute(
-            "INSERT OR REPLACE INTO tombstones VALUES (?, ?, ?)",
-            (encode_key(tomb.key), tomb.record(), record.expires_at),
-        )
-    elif isinstance(record, DropTombstone):
-        key = encode_key(record.key)
-        conn.execute("DELETE FROM tombstones WHERE key = ?", (key,))
-        conn.execute("DELETE FROM verdicts WHERE cohort = ?", (key,))
-    elif isinstance(record, WatermarkRecord):
-        conn.execute(
-            "INSERT INTO watermarks VALUES (?, ?, ?) ON CONFLICT (scope) DO UPDATE SET "
-            "attempt = max(attempt, excluded.attempt), expires_at = excluded.expires_at",
-            (record.scope, record.attempt, record.expires_at),
-        )
-    elif isinstance(record, DropWatermark):
-        conn.execute("DELETE FROM watermarks WHERE scope = ?", (record.scope,))
-    else:  # pragma: no cover - the Record union is closed
-        raise TypeError(f"not a store record: {record!r}")
-
-
-_VERDICT_COLUMNS = (
-    "scope, context, first, second, judge_index, swap, response_i, response_j, score_1, "
-    "score_2, ranking, parse_failed, input_tokens, output_tokens, reasoning_tokens, finished_at"
-)
-
-
-def _verdict(cohort: CohortKey, row: Sequence[Any]) -> VerdictRecord:
-    (scope, context, first, second, k, swap, i, j, s1, s2, rank, failed, *usage, finished) = row
-    return VerdictRecord(
-        cohort=cohort,
-        scope=scope,
-        context=context.hex(),
-        first=first.hex(),
-        second=second.hex(),
-        judge_index=k,
-        swap=bool(swap),
-        response_i=i,
-        response_j=j,
-        verdict=Verdict(s1, s2, rank, bool(failed)),
-        usage=None if usage[0] is None else (usage[0], usage[1], usage[2]),
-        finished_at=finished,
-    )
-
-
-def _load(conn: sqlite3.Connection, now_wall: float) -> Recovered:
-    members: dict[str, list[MemberRecord]] = {}
-    for key, _slot, coords, digest, reasoning, answer in conn.execute(
-        "SELECT key, slot, coords, digest, reasoning, answer FROM members ORDER BY key, slot"
-    ):
-        members.setdefault(key, []).append(
-            MemberRecord(
-                decode_key(key), decode_coords(coords), digest, AnswerTexts(reasoning, answer)
-            )
-        )
-    cohorts = tuple(
-        RecoveredCohort(
-            CohortRecord(
-                key=decode_key(key),
-                seq=seq,
-                group_size=size,
-                prompt=decode_prompt(prompt),
-                prompt_digest=digest,
-                phase=Phase(phase),
-                created_at=created,
-                collection_deadline=collection,
-                evaluation_deadline=evaluation,
-                follows_attempt=bool(follows),
-            ),
-            tuple(members.get(key, ())),
-        )
-        for (
-            key,
-            seq,
-            size,
-            prompt,
-            digest,
-            phase,
-            created,
-            collection,
-            evaluation,
-            follows,
-        ) in conn.execute(
-            "SELECT key, seq, group_size, prompt, prompt_digest, phase, created_at, "
-            "collection_deadline, evaluation_deadline, follows_attempt FROM cohorts ORDER BY seq"
-        )
-    )
-    tombstones = tuple(
-        TombstoneRecord(Tombstone.from_record(blob), expires)
-        for blob, expires in conn.execute(
-            "SELECT record, expires_at FROM tombstones WHERE expires_at > ? ORDER BY expires_at",
-            (now_wall,),
-        )
-    )
-    watermarks = tuple(
-        WatermarkRecord(scope, attempt, expires)
-        for scope, attempt, expires in conn.execute(
-            "SELECT scope, attempt, expires_at FROM watermarks ORDER BY expires_at"
-        )
-    )
-    # Verdicts of active cohorts only: they are what a resumed evaluation skips. Those
-    # of terminal cohorts stay on disk for reuse lookups (find_verdict).
-    keys: dict[str, CohortKey] = {}
-    verdicts = tuple(
-        _verdict(keys.get(row[0]) or keys.setdefault(row[0], decode_key(row[0])), row[1:])
-        for row in conn.execute(
-            f"SELECT cohort, {_VERDICT_COLUMNS} FROM verdicts "
-            "WHERE cohort IN (SELECT key FROM cohorts)"
-        )
-    )
-    return Recovered(cohorts, tombstones, watermarks, verdicts)

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -56,6 +58,30 @@ async def test_batches_queued_during_a_commit_share_the_next_one(tmp_path: Path)
     await asyncio.gather(*futures)
     assert store.stats.batches == 200
     assert store.stats.commits <= 2
+    await store.close()
+
+
+async def test_a_commit_wakes_the_event_loop_once_for_all_its_batches(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    store, _ = await open_store(path)
+    loop = asyncio.get_running_loop()
+    wakeups: list[object] = []
+    original = loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any) -> Any:
+        wakeups.append(callback)
+        return original(callback, *args)
+
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    with mock.patch.object(loop, "call_soon_threadsafe", counted):
+        futures = [store.persist([WatermarkRecord(f"g{n}", n, NOW + 10)]) for n in range(50)]
+        await asyncio.sleep(0)
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        await asyncio.gather(*futures)
+    assert store.stats.batches == 50
+    assert len(wakeups) == store.stats.commits <= 2
     await store.close()
 
 
