@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from genrm_grpc.cohort.model import Cohort, CohortKey, Phase
+from genrm_grpc.cohort.model import Cohort, CohortKey
 
 
 class ActiveCohorts:
@@ -32,9 +32,9 @@ class ActiveCohorts:
         self._by_principal: dict[str, int] = {}
         self._elsewhere = 0
         self._elsewhere_by_principal: dict[str, int] = {}
-        #: Keys of the cohorts held that are frozen (EVALUATING): the gauges read its
-        #: size instead of walking every cohort.
-        self._frozen: set[CohortKey] = set()
+        #: How many cohorts held are frozen (EVALUATING: ``fill`` gave them a snapshot),
+        #: kept as they come and go, so that the gauges do not walk every cohort.
+        self._frozen = 0
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -60,23 +60,24 @@ class ActiveCohorts:
         scope = key.group_scope
         if scope is not None:
             self._by_group.setdefault(scope, {})[key.attempt] = cohort
-        if cohort.phase is Phase.EVALUATING:
-            self._frozen.add(key)
+        if cohort.snapshot is not None:
+            self._frozen += 1
 
-    def froze(self, cohort: Cohort) -> None:
-        """``cohort``, held, has just entered EVALUATING."""
-        if cohort.key in self._by_key:
-            self._frozen.add(cohort.key)
+    def froze(self) -> None:
+        """A cohort held here has just been filled (entered EVALUATING)."""
+        self._frozen += 1
 
     def evaluating(self) -> int:
         """How many of the cohorts held are frozen (the rest are collecting)."""
-        return len(self._frozen)
+        return self._frozen
 
     def remove(self, cohort: Cohort) -> None:
         """Forget ``cohort`` in every index (nothing happens when it is not held)."""
         key = cohort.key
-        self._frozen.discard(key)
-        if self._by_key.pop(key, None) is not None:
+        held = self._by_key.pop(key, None)
+        if held is not None:
+            if held.snapshot is not None:  # the registry drops it only after this
+                self._frozen -= 1
             left = self._by_principal[key.principal] - 1
             if left:
                 self._by_principal[key.principal] = left
@@ -95,7 +96,7 @@ class ActiveCohorts:
         self._by_key.clear()
         self._by_group.clear()
         self._by_principal.clear()
-        self._frozen.clear()
+        self._frozen = 0
         return held
 
     def count_elsewhere(self, total: int, by_principal: Mapping[str, int]) -> None:

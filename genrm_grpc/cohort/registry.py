@@ -409,7 +409,7 @@ class CohortRegistry:
             cohort.phase = transition(cohort.phase, Event.JOINED)
         else:
             fill(cohort, now + self.config.cohort_evaluation_timeout_s)
-            self._active.froze(cohort)
+            self._active.froze()
             if journal:
                 self._outbox.append(cohort_record(cohort, self.wall_offset))
             frozen = True

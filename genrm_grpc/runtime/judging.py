@@ -133,10 +133,12 @@ class Judging:
         None when it is not live here, or (``cohort`` given) when a different cohort
         object is live under the key, which is kept.
         """
-        live = self.live.get(key)
-        if live is None or (cohort is not None and live.cohort is not cohort):
+        live = self.live.pop(key, None)
+        if live is None:
             return None
-        del self.live[key]
+        if cohort is not None and live.cohort is not cohort:
+            self.live[key] = live  # a different cohort under the key: keep it
+            return None
         waiters = [w for ws in live.waiters.values() for w in ws]
         live.waiters.clear()
         for timer in (live.collection_timer, live.evaluation_timer):

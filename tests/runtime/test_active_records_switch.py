@@ -96,3 +96,23 @@ async def test_the_runtime_keeps_active_journaling_for_a_file_and_a_restart_find
     assert cohort.header.key == member(0).key
     assert [m.coords.rollout_index for m in cohort.members] == [0]
     assert [w.scope for w in recovered.watermarks] == [member(0).key.group_scope]
+
+
+async def test_a_restart_counts_the_cohorts_it_restores_by_phase(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    runtime = _runtime(SqliteStore(path))
+    await runtime.open()
+    for ticket in [runtime.decide(member(i, gid="full")) for i in range(3)]:
+        await ticket.persisted()  # frozen: its evaluation waits on the scripted judge
+    await runtime.decide(member(0, gid="half")).persisted()
+    census = runtime.census()
+    assert (census.collecting, census.evaluating) == (1, 1)
+    await runtime.shutdown(0.0)  # a file keeps both cohorts for the next process
+    await runtime.close()
+
+    again = _runtime(SqliteStore(path))
+    assert await again.open() == 2
+    census = again.census()
+    assert (census.collecting, census.evaluating) == (1, 1)
+    await again.shutdown(0.0)
+    await again.close()
