@@ -284,12 +284,13 @@ return {tonumber(redis.call('HGET', KEYS[1], '*') or '0'), redis.call('ZCARD', K
         redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4])}
 """
 
-# KEYS: lease, fence counter, evaluation index. ARGV: owner, lease ms, member, expiry ms.
-# Takes an evaluation over only when nobody holds its lease.
+# KEYS: lease, fence counter, evaluation index. ARGV: owner, lease ms, member, expiry ms,
+# the fence counter's lifetime ms (as a commit's). Takes an evaluation over only when
+# nobody holds its lease.
 CLAIM = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
 local tok = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], 86400000)
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
 redis.call('SET', KEYS[1], tok .. ':' .. ARGV[1], 'PX', ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
 return tok

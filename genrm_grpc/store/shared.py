@@ -421,6 +421,7 @@ class SharedGroups:
                     _ms_span(self.lease_s),
                     key_text(key),
                     ms(time.time() + self.lease_s),
+                    _ms_span(VERSION_TTL_S),
                 ],
             ),
         )

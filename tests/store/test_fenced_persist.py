@@ -14,7 +14,7 @@ from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record, Waterm
 from genrm_grpc.scoring.types import AnswerTexts
 from genrm_grpc.store.records import StoreError
 from genrm_grpc.store.redis import LeaseLostError, RedisStore
-from genrm_grpc.store.shared import SharedGroups
+from genrm_grpc.store.shared import VERSION_TTL_S, SharedGroups
 from tests.store.samples import NOW, PROMPT, digest, scope_of, verdict_record
 
 KEY = CohortKey("job-42/prompt-7", None, 0, "alice")
@@ -93,3 +93,20 @@ async def test_commits_survive_redis_forgetting_its_scripts(redis_url: str) -> N
     recovered = await again.open(NOW)
     await again.close()
     assert recovered.watermarks == (WatermarkRecord("g", 2, NOW + 60),)
+
+
+async def test_a_claimed_fence_counter_lives_as_long_as_a_committed_one(redis_url: str) -> None:
+    """The fence counter must outlive every lease it numbers: a claim gives it the same
+    lifetime as a commit that takes the lease does (VERSION_TTL_S), not its own."""
+    store = RedisStore(redis_url)
+    await store.open(NOW)
+    shared = SharedGroups(store, lease_s=10, replica="replica-a")
+    key = CohortKey("job-42/prompt-9", None, 0, "alice")
+    assert await shared.claim(key) is not None
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        lifetime_ms = await client.pttl(shared._keys.fence(key))
+    finally:
+        await client.aclose()
+    await store.close()
+    assert VERSION_TTL_S * 1000 - 60_000 < lifetime_ms <= VERSION_TTL_S * 1000
