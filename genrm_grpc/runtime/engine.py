@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
+from genrm_grpc.cohort import events
 from genrm_grpc.cohort.model import (
     CandidateSpec,
     Cohort,
@@ -28,7 +29,6 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
-from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.observability.hooks import NullRuntimeObserver, RuntimeObserver
 from genrm_grpc.runtime.clock import Clock, LoopClock
 from genrm_grpc.runtime.judging import Judging
@@ -37,7 +37,6 @@ from genrm_grpc.runtime.live import (
     Census,
     JudgeBackend,
     Live,
-    PairResult,
     ProgressCallback,
     RuntimeView,
     Ticket,
@@ -134,7 +133,8 @@ class CohortRuntime:
     def decide(self, sub: Submission, *, on_progress: ProgressCallback | None = None) -> Ticket:
         """Apply one member submission on this process's registry, at once: the decision
         is atomic because nothing in it awaits."""
-        decision = self.registry.submit(sub, self._clock.now())
+        decision = events.apply(self.registry, events.MemberArrived(sub), self._clock.now())
+        assert isinstance(decision, SubmitDecision)
         write = self._writes.persist(decision.records)
         for ended in decision.ended:
             self._publish(ended, write)
@@ -160,7 +160,7 @@ class CohortRuntime:
         live = self._live.get(key)
         if live is None:
             return False
-        return self._conclude(self.registry.fail(live.cohort, reason, self._clock.now()))
+        return self._conclude(self._decide(events.Cancelled(key, live.cohort.seq, reason)))
 
     @property
     def draining(self) -> bool:
@@ -200,6 +200,12 @@ class CohortRuntime:
     async def flush(self) -> None:
         """Wait until every record queued so far is written (or failed)."""
         await self._writes.flush()
+
+    def _decide(self, event: events.GroupEvent) -> Ended | None:
+        """The registry's decision on an event about a cohort (a member's: ``decide``)."""
+        decided = events.apply(self.registry, event, self._clock.now())
+        assert not isinstance(decided, SubmitDecision)
+        return None if isinstance(decided, events.NotActive) else decided
 
     def _conclude(self, ended: Ended | None) -> bool:
         """Persist an event's records and publish the cohorts it ended once they are durable."""
@@ -338,10 +344,9 @@ class CohortRuntime:
         if not self.judging.plan.pass_count(cohort.group_size):
             # Nothing to judge (a 1-member group): no task, no timer, scored right now.
             try:
-                ended = self._scored(live, [])
+                ended = self._decide(self.judging.scored_event(live, []))
             except Exception as exc:  # as in _evaluate: a bug fails the cohort
-                log.exception("evaluation of cohort %s failed", cohort.key)
-                ended = self.registry.fail(cohort, f"evaluation failed: {exc}", self._clock.now())
+                ended = self._evaluation_failed(cohort, exc)
             self._conclude(ended)
             return
         assert cohort.evaluation_deadline is not None
@@ -388,45 +393,26 @@ class CohortRuntime:
         self._writes.persist(records)
 
     async def _evaluate(self, live: Live) -> None:
-        cohort = live.cohort
         try:
-            try:
-                results = await self.judging.judge_all(live)
-            except JudgeFailedError as exc:
-                ended = self.registry.judge_failed(
-                    cohort, exc.reason, self._clock.now(), reused=live.reused, resumed=live.resumed
-                )
-            else:
-                ended = self._scored(live, results)
-            self._conclude(ended)
+            self._conclude(self._decide(await self.judging.verdict_event(live)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("evaluation of cohort %s failed", cohort.key)
-            self._conclude(
-                self.registry.fail(cohort, f"evaluation failed: {exc}", self._clock.now())
-            )
+            self._conclude(self._evaluation_failed(live.cohort, exc))
 
-    def _scored(self, live: Live, results: Sequence[PairResult]) -> Ended | None:
-        """Aggregate a cohort's judged passes and tell the registry (what it ended)."""
-        cohort = live.cohort
-        try:
-            outcome = self.judging.score(cohort, results, live)
-        except Exception as exc:
-            log.exception("aggregation of cohort %s failed", cohort.key)
-            return self.registry.aggregation_failed(
-                cohort, f"aggregation failed: {exc}", self._clock.now()
-            )
-        return self.registry.evaluation_finished(cohort, outcome, self._clock.now())
+    def _evaluation_failed(self, cohort: Cohort, exc: Exception) -> Ended | None:
+        """A bug, not the judge (that is masked): the cohort fails."""
+        log.exception("evaluation of cohort %s failed", cohort.key)
+        return self._decide(events.Cancelled(cohort.key, cohort.seq, f"evaluation failed: {exc}"))
 
     # ------------------------------------------------------------------ timers
     def _on_collection_deadline(self, live: Live) -> None:
         live.collection_timer = None
-        self._conclude(self.registry.collection_deadline(live.cohort, self._clock.now()))
+        self._conclude(self._decide(events.DeadlinePassed(live.cohort.key, live.cohort.seq)))
 
     def _on_evaluation_deadline(self, live: Live) -> None:
         live.evaluation_timer = None
-        self._conclude(self.registry.evaluation_deadline(live.cohort, self._clock.now()))
+        self._conclude(self._decide(events.DeadlinePassed(live.cohort.key, live.cohort.seq)))
 
     # ------------------------------------------------------------------ publication
     def _publish(self, cohort: Cohort, write: asyncio.Future[None] | None) -> None:

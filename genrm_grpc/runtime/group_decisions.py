@@ -31,9 +31,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from genrm_grpc.cohort.events import Decision, GroupEvent, NotActive, apply
 from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
 from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record
-from genrm_grpc.cohort.registry import CohortRegistry, Ended, SubmitDecision
+from genrm_grpc.cohort.registry import CohortRegistry, SubmitDecision
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.live import RuntimeView
 from genrm_grpc.store.lease import Lease
@@ -62,14 +63,6 @@ class GroupView(RuntimeView, StoreView, Protocol):
     def max_active_cohorts_per_principal(self) -> int | None: ...
 
 
-class Stale:
-    """An index entry whose cohort is no longer active."""
-
-
-STALE = Stale()
-
-Decision = SubmitDecision | Ended | None
-Event = Callable[[CohortRegistry, float], Decision | Stale]
 #: What a committed decision means here: (decided, cohorts it started, now, the cohort
 #: this replica judges from now on with its lease, or None).
 Committed = Callable[["Decided", list[CohortKey], float, tuple[CohortKey, Lease] | None], None]
@@ -83,8 +76,8 @@ class Owner(Protocol):
 
 @dataclass(eq=False)
 class Op:
-    event: Event
-    future: asyncio.Future[Decision | Stale]
+    event: GroupEvent
+    future: asyncio.Future[Decision | NotActive]
 
 
 class GroupDecisions:
@@ -108,7 +101,7 @@ class GroupDecisions:
         self._states: OrderedDict[CohortKey, tuple[GroupState, CohortRegistry]] = OrderedDict()
         self._shared_keys: OrderedDict[CohortKey, None] = OrderedDict()
 
-    async def decide_one(self, key: CohortKey, event: Event, fence: Lease | None) -> bool:
+    async def decide_one(self, key: CohortKey, event: GroupEvent, fence: Lease | None) -> bool:
         """:meth:`decide` one event now (no batching); False when ``fence`` was lost."""
         op = Op(event, asyncio.get_running_loop().create_future())
         return await self.decide(key, [op], fence)
@@ -131,7 +124,7 @@ class GroupDecisions:
             registry.start_draining()
         return registry, now
 
-    async def apply(self, key: CohortKey, event: Event) -> Decision | Stale:
+    async def apply(self, key: CohortKey, event: GroupEvent) -> Decision | NotActive:
         """Decide ``event`` on the group of ``key`` as Redis holds it, and commit it.
 
         Events for one key queue while a decision about it is in flight and are decided
@@ -282,7 +275,7 @@ class GroupDecisions:
 class Decided:
     """The ops of one round on one group, decided: each op's result, and what to commit."""
 
-    decisions: list[Decision | Stale | Exception] = field(default_factory=list)
+    decisions: list[Decision | NotActive | Exception] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     ended: list[Cohort] = field(default_factory=list)
     frozen: Cohort | None = None
@@ -292,13 +285,13 @@ def decide_ops(key: CohortKey, ops: list[Op], registry: CohortRegistry, now: flo
     done = Decided()
     for op in ops:
         try:
-            decision = op.event(registry, now)
+            decision = apply(registry, op.event, now)
         except Exception as exc:  # one member's bug must not fail its neighbours
             log.exception("deciding an event of cohort %s failed", key)
             done.decisions.append(exc)
             continue
         done.decisions.append(decision)
-        if decision is None or isinstance(decision, Stale):
+        if decision is None or isinstance(decision, NotActive):
             continue
         done.records.extend(decision.records)
         if isinstance(decision, SubmitDecision):
@@ -310,7 +303,7 @@ def decide_ops(key: CohortKey, ops: list[Op], registry: CohortRegistry, now: flo
     return done
 
 
-def _answer(ops: list[Op], decisions: list[Decision | Stale | Exception]) -> None:
+def _answer(ops: list[Op], decisions: list[Decision | NotActive | Exception]) -> None:
     for op, result in zip(ops, decisions, strict=True):
         if op.future.done():
             continue

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from genrm_grpc.cohort.events import AggregationFailed, GroupEvent, Judged, JudgeFailed
 from genrm_grpc.cohort.journal import VerdictJournal, judge_context
 from genrm_grpc.cohort.model import (
     CandidateSpec,
@@ -226,6 +227,27 @@ class Judging:
             if len(tasks) % START_SLICE == 0:
                 await asyncio.sleep(0)  # a large cohort: let other work run
         return await all_or_first_error(tasks)
+
+    async def verdict_event(self, live: Live) -> GroupEvent:
+        """Judge every pass of a frozen cohort: the event that ends its evaluation, for
+        either runtime to decide. A pass failed for good: JudgeFailed (the cohort is
+        masked); else :meth:`scored_event`."""
+        try:
+            results = await self.judge_all(live)
+        except JudgeFailedError as exc:
+            cohort = live.cohort
+            return JudgeFailed(cohort.key, cohort.seq, exc.reason, live.reused, live.resumed)
+        return self.scored_event(live, results)
+
+    def scored_event(self, live: Live, results: Sequence[PairResult]) -> GroupEvent:
+        """The judged passes aggregated: Judged, or AggregationFailed when that raised."""
+        cohort = live.cohort
+        try:
+            outcome = self.score(cohort, results, live)
+        except Exception as exc:
+            log.exception("aggregation of cohort %s failed", cohort.key)
+            return AggregationFailed(cohort.key, cohort.seq, f"aggregation failed: {exc}")
+        return Judged(cohort.key, cohort.seq, outcome)
 
     def start_ready_pairs(self, live: Live, arrived: int) -> None:
         """Eager: start the passes of the member that arrived whose partners are present."""

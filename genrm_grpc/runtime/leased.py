@@ -15,13 +15,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from genrm_grpc.cohort.model import CohortKey, Completed, Phase
+from genrm_grpc.cohort.events import Cancelled
+from genrm_grpc.cohort.model import CohortKey, Phase
 from genrm_grpc.cohort.phases import Event as PhaseEvent
 from genrm_grpc.cohort.phases import allows
 from genrm_grpc.cohort.records import Record, Recovered, RecoveredCohort, VerdictRecord
-from genrm_grpc.cohort.registry import CohortRegistry
-from genrm_grpc.judge.client import JudgeFailedError
-from genrm_grpc.runtime.group_decisions import Decision, Event, GroupDecisions
+from genrm_grpc.runtime.group_decisions import GroupDecisions
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.judging import Judging
 from genrm_grpc.runtime.live import Live, RuntimeView
@@ -141,7 +140,7 @@ class LeasedEvaluations:
             if keeper is None:
                 keeper = self._hold(live, key, lease)
             self.judging.resume.extend(verdicts)
-            event = await self._judged(key, live)
+            event = await self.judging.verdict_event(live)
             # The verdicts first, then the outcome: a commit that ends the cohort drops
             # its lease, and a journal write arriving after it would be refused (and a
             # later attempt of the group could not reuse that verdict).
@@ -168,47 +167,12 @@ class LeasedEvaluations:
         live.lease = lease
         return self.judging.own(self._keep_lease(live, key), name=f"lease {key}")
 
-    async def _judged(self, key: CohortKey, live: Live) -> Event:
-        """Every pass of the frozen cohort judged (or resumed, or reused): the event that
-        ends its evaluation, masked when the judge failed."""
-        cohort = live.cohort
-        try:
-            results = await self.judging.judge_all(live)
-        except JudgeFailedError as exc:
-            reason, reused, resumed = exc.reason, live.reused, live.resumed
-
-            def failed(reg: CohortRegistry, now: float) -> Decision:
-                active = reg.active(key)
-                if active is None:
-                    return None
-                return reg.judge_failed(active, reason, now, reused=reused, resumed=resumed)
-
-            return failed
-        try:
-            outcome: Completed | str = self.judging.score(cohort, results, live)
-        except Exception as exc:
-            log.exception("aggregation of cohort %s failed", key)
-            outcome = f"aggregation failed: {exc}"
-
-        def finished(reg: CohortRegistry, now: float) -> Decision:
-            active = reg.active(key)
-            if active is None:
-                return None
-            if isinstance(outcome, str):
-                return reg.aggregation_failed(active, outcome, now)
-            return reg.evaluation_finished(active, outcome, now)
-
-        return finished
-
     async def _fail_evaluation(self, key: CohortKey, reason: str, lease: Lease) -> None:
-        def event(reg: CohortRegistry, now: float) -> Decision:
-            active = reg.active(key)
-            return None if active is None else reg.fail(active, reason, now)
-
         live = self.judging.live.get(key)
+        seq = live.cohort.seq if live is not None else None
         current = live.lease if live is not None and isinstance(live.lease, Lease) else lease
         try:
-            await self.decisions.decide_one(key, event, current)
+            await self.decisions.decide_one(key, Cancelled(key, seq, reason), current)
         except StoreError as exc:
             log.warning("could not record the failure of %s (%s); its lease expires", key, exc)
 

@@ -37,11 +37,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from genrm_grpc.cohort.events import Cancelled, DeadlinePassed, MemberArrived, NotActive
 from genrm_grpc.cohort.model import (
     CandidateSpec,
     CohortKey,
     Completed,
-    Phase,
     PromptSpec,
     Reason,
     Submission,
@@ -50,12 +50,9 @@ from genrm_grpc.cohort.model import (
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
 from genrm_grpc.observability.hooks import NullRuntimeObserver, RuntimeObserver
 from genrm_grpc.runtime.group_decisions import (
-    STALE,
     Decided,
-    Decision,
     GroupDecisions,
     GroupView,
-    Stale,
     mailbox,
 )
 from genrm_grpc.runtime.group_store import GroupStore
@@ -311,7 +308,7 @@ class ReplicaRuntime:
         """Decide a member on its group as Redis holds it; raises CallInterrupted
         (STORE_UNAVAILABLE) when Redis cannot be read or written."""
         try:
-            decision = await self.decisions.apply(sub.key, lambda reg, now: reg.submit(sub, now))
+            decision = await self.decisions.apply(sub.key, MemberArrived(sub))
         except StoreError as exc:
             self._store_failed()
             raise store_unavailable("this member", exc) from exc
@@ -344,13 +341,9 @@ class ReplicaRuntime:
         """Fail an active cohort of the shared store, whichever replica holds its members
         or evaluates it: the failure is committed like any end, and its fan-out fails
         every replica's waiters and stops the judging where the lease is held."""
-
-        def event(reg: CohortRegistry, now: float) -> Decision | Stale:
-            cohort = reg.active(key)
-            return STALE if cohort is None else reg.fail(cohort, reason, now)
-
         try:
-            return not isinstance(await self.decisions.apply(key, event), Stale)
+            decided = await self.decisions.apply(key, Cancelled(key, None, reason))
+            return not isinstance(decided, NotActive)
         except StoreError as exc:
             self._store_failed()
             raise store_unavailable("this cancellation", exc) from exc
@@ -427,15 +420,7 @@ class ReplicaRuntime:
                 log.debug("sweep failed: %s", exc)
 
     async def _deadline(self, key: CohortKey) -> None:
-        def event(reg: CohortRegistry, now: float) -> Decision | Stale:
-            cohort = reg.active(key)
-            if cohort is None:
-                return STALE
-            if cohort.phase is Phase.COLLECTING:
-                return reg.collection_deadline(cohort, now)
-            return reg.evaluation_deadline(cohort, now)
-
-        if isinstance(await self.decisions.apply(key, event), Stale):
+        if isinstance(await self.decisions.apply(key, DeadlinePassed(key)), NotActive):
             await self.shared.forget(key)
 
     async def _watch_store(self) -> None:
