@@ -3,7 +3,8 @@
 Every event either runtime hands the registry is one of these frozen dataclasses: a
 member arrived, a deadline passed, the judge finished (or failed for good), the
 verdicts could not be aggregated, the cohort was cancelled. They compare by value and
-print as what they are, so a decision can be logged and replayed: :func:`apply` on the
+print as what they are, so a decision can be logged (at DEBUG, :func:`apply` writes
+one line per event: kind, cohort, instant) and replayed: :func:`apply` on the
 same registry state with the same events and instants gives the same records (a test
 pins it). Events about a cohort name it by key and, when the runtime knows it, by its
 ``seq`` (the registry's creation number, kept across restarts): an event meant for one
@@ -15,6 +16,7 @@ at shutdown) are not group events and stay methods of the registry.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from genrm_grpc.cohort.decisions import Ended, SubmitDecision
@@ -87,10 +89,15 @@ NOT_ACTIVE = NotActive()
 
 Decision = SubmitDecision | Ended | None
 
+#: At DEBUG, one line per event applied: its kind, cohort and ``now``.
+log = logging.getLogger(__name__)
+
 
 def apply(registry: CohortRegistry, event: GroupEvent, now: float) -> Decision | NotActive:
     """Decide ``event`` on ``registry`` at ``now``: what it changed (records, cohorts it
     ended), None when it changes nothing, NOT_ACTIVE when its cohort is gone."""
+    if log.isEnabledFor(logging.DEBUG):
+        _log_event(event, now)
     if isinstance(event, MemberArrived):
         return registry.submit(event.sub, now)
     cohort = registry.active(event.key)
@@ -109,3 +116,13 @@ def apply(registry: CohortRegistry, event: GroupEvent, now: float) -> Decision |
             return registry.aggregation_failed(cohort, reason, now)
         case Cancelled(reason=reason):
             return registry.fail(cohort, reason, now)
+
+
+def _log_event(event: GroupEvent, now: float) -> None:
+    """Kind, cohort and instant (a member's: its slot, never its texts: lines stay short)."""
+    fields: dict[str, object] = {"event": type(event).__name__, "now": now}
+    if isinstance(event, MemberArrived):
+        fields.update(cohort=str(event.sub.key), rollout_index=event.sub.rollout_index)
+    else:
+        fields.update(cohort=str(event.key), seq=event.seq)
+    log.debug("group event", extra=fields)

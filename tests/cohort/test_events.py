@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from genrm_grpc.cohort import events
 from genrm_grpc.cohort.decisions import SubmitDecision
 from genrm_grpc.cohort.model import Phase
@@ -59,3 +63,16 @@ def test_a_deadline_event_applies_the_deadline_of_the_cohorts_phase() -> None:
     assert events.apply(reg, events.DeadlinePassed(cohort.key), T0 + 1) is None  # not yet
     ended = events.apply(reg, events.DeadlinePassed(cohort.key, cohort.seq), 1e12)
     assert ended and cohort.phase is Phase.FAILED  # collecting: the collection deadline
+
+
+def test_at_debug_each_applied_event_is_logged_by_kind_and_cohort_without_its_texts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reg, _ = registry()
+    event = events.MemberArrived(sub(0, text="the-answer " * 500))
+    with caplog.at_level(logging.DEBUG, logger="genrm_grpc.cohort.events"):
+        events.apply(reg, event, T0)
+    [line] = [r for r in caplog.records if r.name == "genrm_grpc.cohort.events"]
+    assert line.__dict__["event"] == "MemberArrived" and line.__dict__["now"] == T0
+    assert line.__dict__["cohort"] == str(event.sub.key)
+    assert "the-answer" not in repr(line.__dict__)  # no bodies in the line
