@@ -790,13 +790,9 @@ def store_section(out: dict[str, Any]) -> str:
     }
     lines += [
         f"- Server CPU per member (SubmitMember): {num(cpu.get('sqlite'), 0)} µs with SQLite, "
-        f"{num(cpu.get('memory'), 0)} µs in memory. Where it goes (a `py-spy record "
-        "--threads` of the SQLite server under this load, taken by hand): about a quarter "
-        "of the samples are in the store's writer thread, half of those in `COMMIT` (the "
-        "WAL write and its fsync), the rest in the inserts (each member with its answer "
-        "texts, each journaled pass, the cohort's header, tombstone and watermark); the "
-        "thread also competes with the event loop for the GIL. StreamGroups sends a "
-        "group's members on one stream, so more of them share one commit.",
+        f"{num(cpu.get('memory'), 0)} µs in memory. Where the difference goes (the writer "
+        "thread's steps, the event loop's share, the GIL), measured by hand: the section "
+        "\"The SQLite write path\".",
         "",
         f"**Restart recovery.** A store file holding {rec['retained']:,} retained cohorts "
         "(completed, 16 members, 16 journaled passes each, with their watermarks) and "
