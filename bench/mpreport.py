@@ -792,7 +792,7 @@ def store_section(out: dict[str, Any]) -> str:
         f"- Server CPU per member (SubmitMember): {num(cpu.get('sqlite'), 0)} µs with SQLite, "
         f"{num(cpu.get('memory'), 0)} µs in memory. Where the difference goes (the writer "
         "thread's steps, the event loop's share, the GIL), measured by hand: the section "
-        "\"The SQLite write path\".",
+        '"The SQLite write path".',
         "",
         f"**Restart recovery.** A store file holding {rec['retained']:,} retained cohorts "
         "(completed, 16 members, 16 journaled passes each, with their watermarks) and "
