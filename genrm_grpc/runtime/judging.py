@@ -243,7 +243,7 @@ class Judging:
         """The judged passes aggregated: Judged, or AggregationFailed when that raised."""
         cohort = live.cohort
         try:
-            outcome = self.score(cohort, results, live)
+            outcome = scored(self.config, cohort, results, live)
         except Exception as exc:
             log.exception("aggregation of cohort %s failed", cohort.key)
             return AggregationFailed(cohort.key, cohort.seq, f"aggregation failed: {exc}")
@@ -404,12 +404,6 @@ class Judging:
             return None
         return PairResult(JudgedPair(job.i, job.j, job.judge_index, found.verdict), None, "reused")
 
-    def score(
-        self, cohort: Cohort, results: Sequence[PairResult], live: Live | None = None
-    ) -> Completed:
-        """Aggregate a frozen cohort's judged passes exactly as NeMo Gym does."""
-        return scored(self.config, cohort, results, live)
-
     # ------------------------------------------------------------------ Compare
     async def compare(
         self, prompt: PromptSpec, candidates: Sequence[CandidateSpec], now: float
@@ -462,11 +456,11 @@ class Judging:
                 raise JudgeFailedError(
                     "the comparison was cancelled: the server is shutting down"
                 ) from None
-            scored = self.score(cohort, results)
-            problem = reward_problem(scored.rewards, n)
+            outcome = scored(self.config, cohort, results)
+            problem = reward_problem(outcome.rewards, n)
             if problem is not None:
                 raise ValueError(problem)
-            return scored
+            return outcome
         finally:
             self._compare_passes -= passes
             self.evaluation_ended()

@@ -53,7 +53,6 @@ class LeasedEvaluations:
         self.here: set[CohortKey] = set()
         #: Collecting cohorts judged here eagerly: set when the channel says one grew.
         self._growth: dict[CohortKey, asyncio.Event] = {}
-        self.leases_lost = 0
 
     def grown(self, key: CohortKey) -> None:
         """The channel says ``key``'s group grew: an eager evaluation re-reads it."""
@@ -192,7 +191,6 @@ class LeasedEvaluations:
                     continue
                 renewed = None
             if renewed is None:
-                self.leases_lost += 1
                 log.warning("lost the evaluation lease of %s; another replica takes over", key)
                 live.lease = None
                 task = live.eval_task

@@ -142,7 +142,6 @@ class ReplicaRuntime:
         self._fetcher: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
-        self.takeovers = 0
         #: The deployment's counts as the store watcher last read them (STORE_CHECK_S).
         self._census = Census()
 
@@ -245,24 +244,21 @@ class ReplicaRuntime:
 
     def stats(self) -> dict[str, int]:
         shared = self.shared.stats
-        stats = {
+        return {
             **self.judging.stats(),
             # A replica writes through its commits, which fail the call instead.
             "store_failures": 0,
-        }
-        stats.update(
             # The deployment's active cohorts as this replica last read them (the shared
             # counts); this process's registry holds none.
-            active_cohorts=shared.active_seen,
-            evaluating_here=len(self.evaluations.here),
-            takeovers=shared.takeovers,
-            leases_lost=shared.leases_lost,
-            lease_renewals=shared.renewals,
-            group_commits=shared.commits,
-            commit_conflicts=shared.conflicts,
-            store_available=int(self.store_available),
-        )
-        return stats
+            "active_cohorts": shared.active_seen,
+            "evaluating_here": len(self.evaluations.here),
+            "takeovers": shared.takeovers,
+            "leases_lost": shared.leases_lost,
+            "lease_renewals": shared.renewals,
+            "group_commits": shared.commits,
+            "commit_conflicts": shared.conflicts,
+            "store_available": int(self.store_available),
+        }
 
     def census(self) -> Census:
         """The whole deployment's counts (every replica reports the same, a second old
@@ -412,7 +408,6 @@ class ReplicaRuntime:
                         continue
                     lease = await self.shared.claim(key)
                     if lease is not None:
-                        self.takeovers += 1
                         log.info("took over the evaluation of %s", key)
                         self.evaluations.start(key, lease)
             except StoreError as exc:
