@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from genrm_grpc.cohort.events import Decision, GroupEvent, NotActive, apply
 from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
 from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record
-from genrm_grpc.cohort.registry import CohortRegistry, SubmitDecision
+from genrm_grpc.cohort.registry import CohortRegistry, RegistryView, SubmitDecision
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.live import RuntimeView
 from genrm_grpc.store.lease import Lease
@@ -52,15 +52,8 @@ BATCH_WINDOW_S = 0.002
 MAX_COMMIT_ATTEMPTS = 64
 
 
-class GroupView(RuntimeView, StoreView, Protocol):
-    @property
-    def cohort_collection_timeout_s(self) -> float: ...
-    @property
-    def cohort_evaluation_timeout_s(self) -> float: ...
-    @property
-    def max_active_cohorts(self) -> int: ...
-    @property
-    def max_active_cohorts_per_principal(self) -> int | None: ...
+class GroupView(RegistryView, RuntimeView, StoreView, Protocol):
+    """What a one-group registry and its runtime read (``Settings`` satisfies it)."""
 
 
 #: What a committed decision means here: (decided, cohorts it started, now, the cohort
