@@ -1,4 +1,6 @@
-"""Run a suite once per kind of store: ``sqlite`` (the default), ``memory``, ``redis``.
+"""Run a suite once per kind of store: ``sqlite`` (the default), ``memory``, ``redis``,
+and ``groups``: ``memory://`` decided by the replicas' runtime over the in-process group
+store (``runtime: groups``, the one-replica case of issue 22).
 
 A test (or a module-scoped fixture) that asks for ``store_kind`` is parametrized over
 the kinds (``DEFAULT_KINDS``, unless ``GENRM_TEST_STORES`` names others); ``GENRM_STORE``
@@ -19,7 +21,7 @@ import pytest
 
 from tests.redis_support import RedisBinaryMissing, RedisServer, ping
 
-STORE_KINDS = ("sqlite", "memory", "redis")
+STORE_KINDS = ("sqlite", "memory", "redis", "groups")
 DEFAULT_KINDS = ("sqlite", "memory")
 """The kinds a suite runs on unless ``GENRM_TEST_STORES`` (comma-separated) names others.
 
@@ -71,7 +73,7 @@ def _param(kind: str, metafunc: pytest.Metafunc) -> object:
     feature reaches the replica runtime, so the marker has to go with it.
     """
     marker = metafunc.definition.get_closest_marker("not_on_replicas")
-    if kind != "redis" or marker is None:
+    if kind not in ("redis", "groups") or marker is None:
         return kind
     reason = f"issue 22 item 4: {marker.args[0]} not on replicas yet"
     return pytest.param(kind, marks=pytest.mark.xfail(strict=True, reason=reason))
@@ -124,13 +126,16 @@ def store_kind(request: pytest.FixtureRequest) -> str:
     return kind
 
 
-def store_url_of_kind(kind: str, request: pytest.FixtureRequest) -> str | None:
-    """The ``GENRM_STORE`` value for ``kind``; None keeps the per-test SQLite file."""
+def store_env_of_kind(kind: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The ``GENRM_*`` variables that point a server at ``kind``'s store (none: the
+    per-test SQLite file)."""
     if kind == "memory":
-        return "memory://"
+        return {"GENRM_STORE": "memory://"}
+    if kind == "groups":
+        return {"GENRM_STORE": "memory://", "GENRM_RUNTIME": "groups"}
     if kind == "redis":
-        return emptied_redis_url(request.getfixturevalue("redis_server"))
-    return None
+        return {"GENRM_STORE": emptied_redis_url(request.getfixturevalue("redis_server"))}
+    return {}
 
 
 @pytest.fixture
@@ -139,7 +144,6 @@ def store_of_kind(
 ) -> str:
     """Point ``GENRM_STORE`` at this test's store of ``store_kind``; returns the kind."""
     request.getfixturevalue("_sqlite_store_per_test")  # set first, so this one wins
-    url = store_url_of_kind(store_kind, request)
-    if url is not None:
-        monkeypatch.setenv("GENRM_STORE", url)
+    for name, value in store_env_of_kind(store_kind, request).items():
+        monkeypatch.setenv(name, value)
     return store_kind

@@ -58,3 +58,11 @@ def test_a_server_on_a_file_never_imports_the_redis_client() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_the_groups_runtime_runs_in_memory_and_refuses_a_file_it_cannot_keep_yet() -> None:
+    assert load_settings(store="memory://", runtime="groups").runtime == "groups"
+    assert load_settings(store="redis://127.0.0.1:6379/0", runtime="groups").runtime == "groups"
+    with pytest.raises(ConfigError) as refused:
+        load_settings(store="sqlite:///state.sqlite3", runtime="groups")
+    assert "runtime: groups" in str(refused.value) and "SQLite" in str(refused.value)

@@ -74,6 +74,10 @@ class VerdictJournal:
         for record in records:
             self.add(record)
 
+    def of_cohort(self, cohort: CohortKey) -> list[VerdictRecord]:
+        """Every pass journaled for ``cohort`` (an evaluation read back to resume)."""
+        return list(self._by_cohort.get(cohort, ()))
+
     def resume(self, cohort: CohortKey, i: int, j: int, judge_index: int) -> VerdictRecord | None:
         """The verdict this very pass already got (a restart interrupted its cohort)."""
         return self._by_pass.get((cohort, i, j, judge_index))

@@ -37,10 +37,10 @@ from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record
 from genrm_grpc.cohort.registry import CohortRegistry, RegistryView, SubmitDecision
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.live import RuntimeView
+from genrm_grpc.store.group_state import GroupState
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.memory import MemoryStore, StoreView
 from genrm_grpc.store.records import StoreError
-from genrm_grpc.store.shared import GroupState
 
 log = logging.getLogger(__name__)
 

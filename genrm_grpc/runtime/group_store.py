@@ -3,11 +3,10 @@
 :class:`GroupStore` is every call ``runtime/group_decisions.py``, ``runtime/leased.py``
 and ``runtime/replica.py`` make on the group state they share with other replicas:
 versioned reads of one group, a compare-and-set commit, the evaluation lease, the
-deadline and orphan indexes, the outcome channel and the journal of passes. Today one
-implementation satisfies it, ``genrm_grpc.store.shared.SharedGroups`` over Redis; an
-in-process one (a dict of versioned groups, a lease it always holds, loop-timer
-deadlines, direct fan-out, SQLite or nothing behind it) is what would make the single
-process the one-replica case (docs/architecture.md, "What is not one yet").
+deadline and orphan indexes, the outcome channel and the journal of passes. Two
+implementations satisfy it: ``genrm_grpc.store.shared.SharedGroups`` over Redis, and
+``genrm_grpc.store.local.LocalGroups`` in process (``runtime: groups``: a single process
+as the one-replica case; nothing behind it yet, docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -18,12 +17,15 @@ from typing import Protocol
 
 from genrm_grpc.cohort.model import CohortKey, Tombstone
 from genrm_grpc.cohort.records import Record, RecoveredCohort, VerdictRecord
+from genrm_grpc.store.group_state import Committed, GroupState, SharedStats
 from genrm_grpc.store.lease import Lease
-from genrm_grpc.store.shared import Committed, GroupState, SharedStats
 
 
 class GroupJournal(Protocol):
     """Where an evaluation's passes are journaled (fenced by its lease), and looked up."""
+
+    #: False when nothing outlives the process: a drain then fails the active cohorts.
+    survives_restart: bool
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...
@@ -76,6 +78,7 @@ class GroupStore(Protocol):
     async def due(self, now: float, limit: int = 64) -> list[CohortKey]: ...
     async def orphaned(self, now: float, limit: int = 16) -> list[CohortKey]: ...
     async def forget(self, key: CohortKey) -> None: ...
+    async def active_keys(self) -> list[CohortKey]: ...
     async def outcomes(self, keys: Iterable[CohortKey]) -> dict[CohortKey, Tombstone]: ...
     async def listen(
         self,

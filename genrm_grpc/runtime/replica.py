@@ -208,6 +208,9 @@ class ReplicaRuntime:
         over to the other replicas (their leases are released), interrupt waiters."""
         self.registry.start_draining()
         await self.judging.grace(grace_s)
+        if not self.store.survives_restart:
+            # Nothing outlives this process (memory://): the cohorts fail, as documented.
+            await self._fail_all("server is shutting down")
         self._stopping.set()
         handoffs = []
         for key in list(self.evaluations.here):
@@ -232,6 +235,19 @@ class ReplicaRuntime:
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.drain_tasks()
         await self.flush()
+
+    async def _fail_all(self, reason: str) -> None:
+        """Fail every active cohort: its waiters here get the failure, as a later member."""
+        for live in self._live.values():
+            if live.eval_task is not None:
+                live.eval_task.cancel()
+        try:
+            keys = await self.shared.active_keys()
+            await asyncio.gather(
+                *(self.decisions.apply(k, Cancelled(k, None, reason)) for k in keys)
+            )
+        except StoreError as exc:
+            log.warning("could not fail the active cohorts at shutdown: %s", exc)
 
     async def _hand_off(self, key: CohortKey, lease: Lease) -> None:
         try:

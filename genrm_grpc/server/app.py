@@ -30,6 +30,7 @@ from genrm_grpc.observability.hooks import (
 )
 from genrm_grpc.observability.metrics import MetricsEndpoint, ServerMetrics
 from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.live import JudgeBackend, Runtime
 from genrm_grpc.server.admission import Admission
 from genrm_grpc.server.bounds import FieldBounds
@@ -45,6 +46,7 @@ from genrm_grpc.server.overload import ConcurrentCallLimit
 from genrm_grpc.server.security import Principals, TokenAuthInterceptor, server_credentials
 from genrm_grpc.server.servicer import CohortServicer
 from genrm_grpc.store.durable import store_from_url
+from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -190,7 +192,8 @@ class CohortServer:
         process on a file or in memory."""
         settings = self.settings
         store = store_from_url(settings.store, max_tombstones=settings.max_terminal_cohorts)
-        if not settings.store.startswith("redis:"):
+        redis = settings.store.startswith("redis:")
+        if not redis and settings.runtime == "registry":
             return CohortRuntime(
                 self.registry,
                 backend,
@@ -199,15 +202,22 @@ class CohortServer:
                 store=store,
                 judge_identity=judge_identity(settings),
             )
-        # Replicas sharing one Redis (docs/scaling.md); imported here so that a server on
-        # a file or in memory never loads the Redis client.
         from genrm_grpc.runtime.replica import ReplicaRuntime
-        from genrm_grpc.store.redis import RedisStore
-        from genrm_grpc.store.shared import SharedGroups
 
-        assert isinstance(store, RedisStore)
-        shared = SharedGroups(store, lease_s=settings.replica_lease_s)
-        shared.on_round_trip = self.metrics.store_round_trip.observe
+        shared: GroupStore
+        if redis:
+            # Replicas sharing one Redis (docs/scaling.md); imported here so that a server
+            # on a file or in memory never loads the Redis client.
+            from genrm_grpc.store.redis import RedisStore
+            from genrm_grpc.store.shared import SharedGroups
+
+            assert isinstance(store, RedisStore)
+            on_redis = SharedGroups(store, lease_s=settings.replica_lease_s)
+            on_redis.on_round_trip = self.metrics.store_round_trip.observe
+            shared = on_redis
+        else:
+            # One process deciding as the one replica of its deployment (runtime: groups).
+            shared = LocalGroups(settings, lease_s=settings.replica_lease_s)
         return ReplicaRuntime(
             self.registry,
             backend,

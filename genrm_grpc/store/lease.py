@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from genrm_grpc.store.records import StoreError
+
 
 @dataclass(frozen=True, slots=True)
 class Lease:
@@ -32,3 +34,7 @@ class Lease:
     @property
     def value(self) -> str:
         return f"{self.token}:{self.owner}"
+
+
+class LeaseLostError(StoreError):
+    """A fenced batch's lease is no longer the group's current one: nothing was written."""

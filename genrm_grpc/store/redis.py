@@ -91,6 +91,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from genrm_grpc.cohort.records import Record, Recovered, VerdictRecord
+from genrm_grpc.store.lease import LeaseLostError
 from genrm_grpc.store.lua import APPLY, APPLY_SHA
 from genrm_grpc.store.records import StoreError, StoreSchemaError, keep_recent
 from genrm_grpc.store.redis_codec import decode_all, encode_ops, question, reuse_verdict
@@ -108,10 +109,6 @@ UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
 class RedisUnavailableError(StoreError):
     """Redis did not answer (connection refused or lost, timeout): retry later."""
-
-
-class LeaseLostError(StoreError):
-    """A fenced batch's lease is no longer the group's current one: nothing was written."""
 
 
 class RedisStartupError(StoreSchemaError):

@@ -58,7 +58,6 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -66,11 +65,11 @@ from redis.exceptions import RedisError
 from genrm_grpc.cohort.model import CohortKey, Tombstone
 from genrm_grpc.cohort.records import (
     Record,
-    Recovered,
     RecoveredCohort,
     VerdictRecord,
 )
 from genrm_grpc.store import channel
+from genrm_grpc.store.group_state import Committed, GroupState, SharedStats
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.lua import CENSUS, CLAIM, COMMIT, LOAD, RELEASE, RENEW
 from genrm_grpc.store.records import StoreError, keep_recent
@@ -97,50 +96,6 @@ log = logging.getLogger(__name__)
 MAILBOX_TTL_S = 600.0
 #: How long a group's version counter outlives its last commit.
 VERSION_TTL_S = 86_400.0
-
-
-@dataclass(frozen=True, slots=True)
-class GroupState:
-    """A group as one read saw it: what a registry holding only this group restores."""
-
-    key: CohortKey
-    version: str
-    recovered: Recovered
-    #: Active cohorts in the deployment, and the key's principal's, this group's included.
-    active_total: int
-    active_principal: int
-    #: The group's active cohorts when they are known otherwise than by ``recovered``
-    #: (a replica deciding on the state of its own last commit).
-    known_active: frozenset[CohortKey] | None = None
-
-    @property
-    def active_keys(self) -> frozenset[CohortKey]:
-        if self.known_active is not None:
-            return self.known_active
-        return frozenset(c.header.key for c in self.recovered.cohorts)
-
-
-@dataclass(frozen=True, slots=True)
-class Committed:
-    """``written``: the records are in Redis. ``token``: the evaluation lease it took."""
-
-    written: bool
-    lease_lost: bool = False
-    token: int = 0
-
-
-@dataclass
-class SharedStats:
-    loads: int = 0
-    commits: int = 0
-    conflicts: int = 0
-    leases_lost: int = 0
-    takeovers: int = 0
-    renewals: int = 0
-    #: The deployment's active cohorts at the last group read.
-    active_seen: int = 0
-    #: Seconds of recent round trips, for the store-latency metric (bounded).
-    latencies: list[float] = field(default_factory=list)
 
 
 class SharedGroups:
@@ -312,6 +267,11 @@ class SharedGroups:
             pipe.zrem(self._keys.deadlines, member)
             pipe.zrem(self._keys.evaluations, member)
             await self._call("an index cleanup", pipe.execute())
+
+    async def active_keys(self) -> list[CohortKey]:
+        """Every active cohort of the deployment (each has a deadline): a full read."""
+        raw = await self._call("a deadline read", self._client.zrange(self._keys.deadlines, 0, -1))
+        return [key_from(member) for member in raw]
 
     # ------------------------------------------------------------------ write
     async def commit(

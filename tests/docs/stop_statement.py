@@ -14,7 +14,13 @@ PAGE = ROOT / "docs" / "durability.md"
 ANCHOR = "durability.md#what-a-stop-does"
 
 # A store's row: `sqlite:///…`, `redis://…`, `memory://` in the first cell.
-_STORES = {"sqlite": "`sqlite:///", "redis": "`redis://", "memory": "`memory://`"}
+# ``groups`` (memory:// under ``runtime: groups``) keeps memory://'s promise.
+_STORES = {
+    "sqlite": "`sqlite:///",
+    "redis": "`redis://",
+    "memory": "`memory://`",
+    "groups": "`memory://`",
+}
 _REASON = re.compile(r"`(?:UNAVAILABLE|ABORTED)` / `([A-Z_]+)`")
 
 

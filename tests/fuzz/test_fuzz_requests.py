@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from genrm_grpc.cohort.identity import CandidateInput, candidate_spec
 from genrm_grpc.cohort.model import Rejection
-from tests.store_kinds import store_url_of_kind
+from tests.store_kinds import store_env_of_kind
 
 from .live import PROMPT, LiveServer, assert_typed, call_error, check_rewards, stream_error
 
@@ -36,9 +36,8 @@ FUZZ = settings(
 def live(store_kind: str, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     """One server per module and kind of store (tests/store_kinds.py)."""
     with pytest.MonkeyPatch.context() as patch:
-        url = store_url_of_kind(store_kind, request)
-        if url is not None:
-            patch.setenv("GENRM_STORE", url)
+        for name, value in store_env_of_kind(store_kind, request).items():
+            patch.setenv(name, value)
         server = LiveServer()
         server.start()
         try:

@@ -172,7 +172,9 @@ async def test_concurrent_streams_per_connection_are_bounded(
     """
     server = await start_server(max_concurrent_streams=2, cohort_collection_timeout_s=1.0)
     roomy = await start_server(  # no deadline pressure; a second server, a second file
-        max_concurrent_streams=2, store=f"sqlite:///{tmp_path}/roomy.sqlite3"
+        max_concurrent_streams=2,
+        store=f"sqlite:///{tmp_path}/roomy.sqlite3",
+        runtime="registry",  # the runtime a file runs on so far
     )
 
     def request(group: str, k: int) -> pb.SubmitMemberRequest:

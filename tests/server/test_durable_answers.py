@@ -13,11 +13,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 
 from genrm_grpc.cohort.model import CohortKey, Tombstone
 from genrm_grpc.testing import FakeJudgeServer
 from tests.server.conftest import StartServer
+
+# The test holds a SQLite file's write lock: it belongs to that store alone.
+pytestmark = pytest.mark.stores("sqlite")
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])
 

@@ -124,7 +124,10 @@ async def test_legacy_reruns_and_reuse_off_are_judged_again(
     assert fake_judge.stats()["total"] == 2 * SIZE
 
     fake_judge.reset_stats()
-    _, legacy_client = await start_server(store=f"sqlite:///{tmp_path}/legacy.sqlite3")
+    # On a file, which only the registry's runtime runs on so far.
+    _, legacy_client = await start_server(
+        store=f"sqlite:///{tmp_path}/legacy.sqlite3", runtime="registry"
+    )
     await _group(legacy_client, None, 0)
     await _group(legacy_client, None, 0)  # the same legacy key again after success
     assert fake_judge.stats()["total"] == 2 * SIZE  # judged again, as NeMo Gym does

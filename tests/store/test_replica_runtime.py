@@ -1,9 +1,15 @@
-"""One replica's runtime in process, on a real redis-server: evaluation and its journal."""
+"""One replica's runtime in process: evaluation, its journal, several replicas.
+
+On a real redis-server, and (``deployment``) also over the in-process group store with
+two runtimes sharing one ``LocalGroups`` state: the protocol is the same on both sides
+of the seam. What only Redis can show (its keys, a hand-off to another process) stays
+on Redis.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,6 +20,7 @@ from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
 from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring.types import Verdict
+from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.redis import RedisStore
 from genrm_grpc.store.shared import SharedGroups
@@ -50,6 +57,38 @@ async def _runtime(
     return runtime
 
 
+Make = Callable[..., Awaitable[ReplicaRuntime]]
+
+
+@pytest.fixture(params=["redis", "local"])
+async def deployment(request: pytest.FixtureRequest) -> AsyncIterator[Make]:
+    """Make replicas of one deployment: on Redis, or over one in-process group store."""
+    made: list[ReplicaRuntime] = []
+    local: list[LocalGroups] = []
+
+    async def make(judge: InstantJudge | None = None, **config: object) -> ReplicaRuntime:
+        if request.param == "redis":
+            runtime = await _runtime(request.getfixturevalue("redis_url"), judge, **config)
+        else:
+            settings = Settings(store="memory://", runtime="groups", **config)  # type: ignore[arg-type]
+            shared = LocalGroups(settings, lease_s=10, shared_with=local[0] if local else None)
+            local.append(shared)
+            runtime = ReplicaRuntime(
+                CohortRegistry(settings, MemoryStore(settings)),
+                judge or InstantJudge(),
+                settings,
+                shared=shared,
+            )
+            await runtime.open()
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        await runtime.shutdown(0)
+        await runtime.close()
+
+
 @pytest.fixture
 async def replica(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[ReplicaRuntime]:
     runtime = await _runtime(redis_url, getattr(request, "param", None))
@@ -83,45 +122,40 @@ async def test_every_pass_is_journaled_before_the_outcome_is_committed(
         await client.aclose()
 
 
-@pytest.mark.parametrize("replica", [InstantJudge(error=RuntimeError("a bug"))], indirect=True)
 async def test_an_evaluation_bug_fails_the_cohort_instead_of_leaving_it_evaluating(
-    replica: ReplicaRuntime,
+    deployment: Make,
 ) -> None:
+    replica = await deployment(InstantJudge(error=RuntimeError("a bug")))
     outcomes = await asyncio.wait_for(_group(replica, "buggy"), 30)
     assert all(isinstance(o, Failed) and "evaluation failed" in o.reason for o in outcomes)
     assert replica.stats()["evaluating_here"] == 0
 
 
 async def test_a_replica_never_answers_from_the_state_of_its_own_last_commit_once_stale(
-    redis_url: str,
+    deployment: Make,
 ) -> None:
     """A replica decides the next event of a group on the state its own commit left;
     another replica's write since then must never let it answer from that state."""
-    one, two = await _runtime(redis_url), await _runtime(redis_url)
-    try:
-        first = await one.submit(sub(0, gid="g", size=SIZE, text="zero"))
-        assert first.disposition is Disposition.ACCEPTED
-        assert one.shared.stats.loads == 1
-        # A second member on the same replica: decided on its cached state, no read.
-        second = await one.submit(sub(1, gid="g", size=SIZE, text="one"))
-        assert second.disposition is Disposition.ACCEPTED
-        assert one.shared.stats.loads == 1
-        # Replica two opens attempt 1 of the group: attempt 0 is superseded.
-        newer = await two.submit(sub(0, gid="g", attempt=1, size=SIZE, text="new"))
-        assert newer.disposition is Disposition.ACCEPTED
-        # The identical resend would be ATTACHED on replica one's cached state (no write,
-        # hence no commit to refuse it): the version check makes it read the group.
-        resend = await one.submit(sub(1, gid="g", size=SIZE, text="one"))
-        assert resend.rejection is not None
-        assert resend.rejection.reason is Reason.ATTEMPT_SUPERSEDED
-        # A write decided on a stale state is refused by the commit and decided again.
-        fresh = await one.submit(sub(1, gid="g", attempt=1, size=SIZE, text="b"))
-        assert fresh.disposition is Disposition.ACCEPTED
-        assert one.shared.stats.loads >= 2
-    finally:
-        for runtime in (one, two):
-            await runtime.shutdown(0)
-            await runtime.close()
+    one, two = await deployment(), await deployment()
+    first = await one.submit(sub(0, gid="g", size=SIZE, text="zero"))
+    assert first.disposition is Disposition.ACCEPTED
+    assert one.shared.stats.loads == 1
+    # A second member on the same replica: decided on its cached state, no read.
+    second = await one.submit(sub(1, gid="g", size=SIZE, text="one"))
+    assert second.disposition is Disposition.ACCEPTED
+    assert one.shared.stats.loads == 1
+    # Replica two opens attempt 1 of the group: attempt 0 is superseded.
+    newer = await two.submit(sub(0, gid="g", attempt=1, size=SIZE, text="new"))
+    assert newer.disposition is Disposition.ACCEPTED
+    # The identical resend would be ATTACHED on replica one's cached state (no write,
+    # hence no commit to refuse it): the version check makes it read the group.
+    resend = await one.submit(sub(1, gid="g", size=SIZE, text="one"))
+    assert resend.rejection is not None
+    assert resend.rejection.reason is Reason.ATTEMPT_SUPERSEDED
+    # A write decided on a stale state is refused by the commit and decided again.
+    fresh = await one.submit(sub(1, gid="g", attempt=1, size=SIZE, text="b"))
+    assert fresh.disposition is Disposition.ACCEPTED
+    assert one.shared.stats.loads >= 2
 
 
 class HangingJudge:
@@ -144,30 +178,25 @@ class HangingJudge:
 
 
 async def test_a_cohort_cancelled_on_another_replica_fails_its_waiters_and_stops_the_judging(
-    redis_url: str,
+    deployment: Make,
 ) -> None:
     judge = HangingJudge()
-    one, two = await _runtime(redis_url, judge), await _runtime(redis_url)  # type: ignore[arg-type]
-    try:
-        size = 2
-        tickets = [await one.submit(sub(k, gid="c", size=size, text=f"c-{k}")) for k in range(size)]
-        waits = [asyncio.ensure_future(t.waiter.wait()) for t in tickets if t.waiter is not None]
-        await asyncio.wait_for(judge.called.wait(), 30)  # replica one evaluates the cohort
-        key = sub(0, gid="c", size=size, text="c-0").key
-        assert await two.cancel_cohort(key, "stopped by ops")
-        outcomes = await asyncio.wait_for(asyncio.gather(*waits), 30)
-        assert all(isinstance(o, Failed) and o.reason == "stopped by ops" for o in outcomes)
-        await asyncio.wait_for(one.drain_tasks(), 30)
-        assert judge.cancelled == judge.calls > 0
-        assert one.stats()["evaluating_here"] == 0
-        late = await two.submit(sub(0, gid="c", size=size, text="c-0"))
-        assert late.rejection is not None and late.rejection.reason is Reason.COHORT_FAILED
-        assert "stopped by ops" in late.rejection.message
-        assert not await two.cancel_cohort(key, "again")
-    finally:
-        for runtime in (one, two):
-            await runtime.shutdown(0)
-            await runtime.close()
+    one, two = await deployment(judge), await deployment()
+    size = 2
+    tickets = [await one.submit(sub(k, gid="c", size=size, text=f"c-{k}")) for k in range(size)]
+    waits = [asyncio.ensure_future(t.waiter.wait()) for t in tickets if t.waiter is not None]
+    await asyncio.wait_for(judge.called.wait(), 30)  # replica one evaluates the cohort
+    key = sub(0, gid="c", size=size, text="c-0").key
+    assert await two.cancel_cohort(key, "stopped by ops")
+    outcomes = await asyncio.wait_for(asyncio.gather(*waits), 30)
+    assert all(isinstance(o, Failed) and o.reason == "stopped by ops" for o in outcomes)
+    await asyncio.wait_for(one.drain_tasks(), 30)
+    assert judge.cancelled == judge.calls > 0
+    assert one.stats()["evaluating_here"] == 0
+    late = await two.submit(sub(0, gid="c", size=size, text="c-0"))
+    assert late.rejection is not None and late.rejection.reason is Reason.COHORT_FAILED
+    assert "stopped by ops" in late.rejection.message
+    assert not await two.cancel_cohort(key, "again")
 
 
 class CountingJudge(InstantJudge):
@@ -195,33 +224,28 @@ def _early_passes(size: int, present: set[int]) -> int:
 
 
 async def test_eager_replicas_judge_before_the_group_is_in_and_each_pass_once(
-    redis_url: str,
+    deployment: Make,
 ) -> None:
     size = 4
     first, second = CountingJudge(), CountingJudge()
-    one = await _runtime(redis_url, first, judge_schedule="eager")
-    two = await _runtime(redis_url, second, judge_schedule="eager")
-    try:
-        subs = [sub(k, gid="e", size=size, text=f"e-{k}") for k in range(size)]
-        tickets = [await (one if k % 2 == 0 else two).submit(subs[k]) for k in range(size - 1)]
-        # Member 0 made replica one the evaluator; it judges what members 0-2 allow,
-        # member 1 having arrived on replica two.
-        early = _early_passes(size, {0, 1, 2})
-        assert early > 0
-        await first.reached(early)
-        assert first.calls == early and second.calls == 0
-        tickets.append(await two.submit(subs[-1]))
-        outcomes = await asyncio.wait_for(
-            asyncio.gather(*(t.waiter.wait() for t in tickets if t.waiter is not None)), 30
-        )
-        assert len(outcomes) == size
-        assert all(isinstance(o, Completed) for o in outcomes)
-        assert first.calls == Settings().pass_plan().pass_count(size)
-        assert second.calls == 0
-    finally:
-        for runtime in (one, two):
-            await runtime.shutdown(0)
-            await runtime.close()
+    one = await deployment(first, judge_schedule="eager")
+    two = await deployment(second, judge_schedule="eager")
+    subs = [sub(k, gid="e", size=size, text=f"e-{k}") for k in range(size)]
+    tickets = [await (one if k % 2 == 0 else two).submit(subs[k]) for k in range(size - 1)]
+    # Member 0 made replica one the evaluator; it judges what members 0-2 allow,
+    # member 1 having arrived on replica two.
+    early = _early_passes(size, {0, 1, 2})
+    assert early > 0
+    await first.reached(early)
+    assert first.calls == early and second.calls == 0
+    tickets.append(await two.submit(subs[-1]))
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(t.waiter.wait() for t in tickets if t.waiter is not None)), 30
+    )
+    assert len(outcomes) == size
+    assert all(isinstance(o, Completed) for o in outcomes)
+    assert first.calls == Settings().pass_plan().pass_count(size)
+    assert second.calls == 0
 
 
 async def test_an_eager_evaluator_that_stops_hands_the_cohort_to_the_one_that_freezes_it(

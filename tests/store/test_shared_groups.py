@@ -1,7 +1,9 @@
-"""The replicas' group read and fenced group commit, against a real redis-server.
+"""The replicas' group read and fenced group commit, on both sides of the seam.
 
-Two ``SharedGroups`` on one Redis stand for two replicas. Each test drives the
-interleaving by hand (read here, commit there), so the races are deterministic.
+Two ``SharedGroups`` on one real redis-server stand for two replicas, and so do two
+``LocalGroups`` sharing one in-process state: the same contract holds for both. Each
+test drives the interleaving by hand (read here, commit there), so the races are
+deterministic.
 """
 
 from __future__ import annotations
@@ -9,14 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+
+import pytest
 
 from genrm_grpc.cohort.model import CohortKey, Masked, Phase, Tombstone
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition
 from genrm_grpc.config import Settings
+from genrm_grpc.runtime.group_store import GroupStore
+from genrm_grpc.store.group_state import GroupState
+from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.redis import RedisStore
-from genrm_grpc.store.shared import GroupState, SharedGroups
+from genrm_grpc.store.shared import SharedGroups
 from tests.cohort.support import sub
 
 SETTINGS = Settings(store="memory://", cohort_collection_timeout_s=60.0)
@@ -30,17 +37,28 @@ async def _replica(url: str, lease_s: float) -> SharedGroups:
     return shared
 
 
-@contextlib.asynccontextmanager
-async def _two_replicas(
-    url: str, lease_s: float = 5.0
-) -> AsyncIterator[tuple[SharedGroups, SharedGroups]]:
-    """Two replicas' access to one Redis, closed afterwards."""
-    one, two = await _replica(url, lease_s), await _replica(url, lease_s)
-    try:
-        yield one, two
-    finally:
-        await one.store.close()
-        await two.store.close()
+Pair = Callable[..., contextlib.AbstractAsyncContextManager[tuple[GroupStore, GroupStore]]]
+
+
+@pytest.fixture(params=["redis", "local"])
+def two_replicas(request: pytest.FixtureRequest) -> Pair:
+    """Two replicas' access to one deployment's groups: on Redis, or in process."""
+
+    @contextlib.asynccontextmanager
+    async def pair(lease_s: float = 5.0) -> AsyncIterator[tuple[GroupStore, GroupStore]]:
+        if request.param == "local":
+            one = LocalGroups(SETTINGS, lease_s=lease_s, replica="one")
+            yield one, LocalGroups(SETTINGS, lease_s=lease_s, replica="two", shared_with=one)
+            return
+        url = request.getfixturevalue("redis_url")
+        first, second = await _replica(url, lease_s), await _replica(url, lease_s)
+        try:
+            yield first, second
+        finally:
+            await first.store.close()
+            await second.store.close()
+
+    return pair
 
 
 def _decide(state: GroupState) -> tuple[CohortRegistry, float]:
@@ -50,8 +68,8 @@ def _decide(state: GroupState) -> tuple[CohortRegistry, float]:
     return registry, now
 
 
-async def test_a_commit_on_a_stale_read_is_refused_and_writes_nothing(redis_url: str) -> None:
-    async with _two_replicas(redis_url) as (one, two):
+async def test_a_commit_on_a_stale_read_is_refused_and_writes_nothing(two_replicas: Pair) -> None:
+    async with two_replicas() as (one, two):
         key = sub(0).key
         seen_by_one = await one.load(key)
         seen_by_two = await two.load(key)
@@ -72,8 +90,8 @@ async def test_a_commit_on_a_stale_read_is_refused_and_writes_nothing(redis_url:
         assert fresh.active_total == 1 and fresh.active_principal == 1
 
 
-async def test_an_evaluation_result_under_a_lost_lease_is_refused(redis_url: str) -> None:
-    async with _two_replicas(redis_url, lease_s=0.2) as (one, two):
+async def test_an_evaluation_result_under_a_lost_lease_is_refused(two_replicas: Pair) -> None:
+    async with two_replicas(lease_s=0.2) as (one, two):
         key = sub(0, size=1).key
         state = await one.load(key)
         reg, now = _decide(state)
@@ -107,13 +125,21 @@ async def test_an_evaluation_result_under_a_lost_lease_is_refused(redis_url: str
 
 
 async def test_an_ended_cohort_leaves_its_outcome_for_other_replicas_and_a_message(
-    redis_url: str,
+    two_replicas: Pair,
 ) -> None:
-    async with _two_replicas(redis_url) as (one, two):
-        client = two.store._client
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(two.channel)
+    async with two_replicas() as (one, two):
+        told: asyncio.Queue[CohortKey] = asyncio.Queue()
+        subscribed = asyncio.Event()
+        stopping = asyncio.Event()
+
+        async def on_subscribed() -> None:
+            subscribed.set()
+
+        listening = asyncio.create_task(
+            two.listen(told.put_nowait, on_subscribed, stopping=stopping)
+        )
         try:
+            await asyncio.wait_for(subscribed.wait(), 10)
             key = CohortKey("g", None, 0)
             state = await one.load(key)
             reg, now = _decide(state)
@@ -127,23 +153,19 @@ async def test_an_ended_cohort_leaves_its_outcome_for_other_replicas_and_a_messa
             assert ended
             outcome = Tombstone(key, 3, cohort.prompt_digest, {}, ended[0].outcome, now)  # type: ignore[arg-type]
             assert (await one.commit(state, ended.records, ended=[outcome])).written
-            message = None
-            for _ in range(50):
-                message = await pubsub.get_message(timeout=0.1)
-                if message is not None:
-                    break
-            assert message is not None and message["data"].decode().startswith('["g"')
+            assert await asyncio.wait_for(told.get(), 5) == key
             found = await two.outcomes([key, CohortKey("never", None, 0)])
             assert list(found) == [key]
             assert not isinstance(found[key].outcome, Masked)
             assert (await two.load(key)).active_total == 0  # the count went back down
             assert await two.due(time.time() + 3600) == []  # and its deadline left the index
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            stopping.set()
+            await asyncio.wait_for(listening, 10)
 
 
-async def test_a_released_evaluation_is_due_for_takeover_at_once(redis_url: str) -> None:
-    async with _two_replicas(redis_url, lease_s=60) as (one, two):
+async def test_a_released_evaluation_is_due_for_takeover_at_once(two_replicas: Pair) -> None:
+    async with two_replicas(lease_s=60) as (one, two):
         key = sub(0, size=1).key
         state = await one.load(key)
         reg, now = _decide(state)

@@ -1,0 +1,303 @@
+"""The group store of one process: the replicas' seam with nothing shared.
+
+``runtime/replica.py`` decides every event on its group as a
+``genrm_grpc.runtime.group_store.GroupStore`` holds it: read the group, decide in a
+one-group registry, commit with a compare-and-set on the group's version, fan the
+outcome out. :class:`LocalGroups` is that store kept in this process's dicts
+(``genrm_grpc.store.shared`` is the one over Redis), so a single process runs the same
+decision path as a replica of many: the one-replica case (docs/architecture.md).
+
+What Redis does for the replicas, done here without a round trip:
+
+- **Versions** come from one counter for the whole store, so a group forgotten (it
+  holds nothing any more) and created again never repeats a version a decision may
+  still hold: a commit on a state read before is refused, never applied by accident.
+- **The evaluation lease** is the same lease with a fencing token (tokens come from the
+  same kind of store-wide counter, so they only grow). With one process it is always
+  its own, renewed as on Redis; a drain releases it.
+- **Indexes** (deadlines, evaluations, tombstone and watermark retention, outcome
+  mailboxes) are heaps and insertion-ordered dicts: every call costs O(log n) or
+  amortised O(1) in what is held, never a walk over it.
+- **Fan-out** is direct: a commit that ends a cohort (or grows one judged eagerly)
+  schedules the listeners' callbacks on the loop, after the commit returned, as a
+  message on the Redis channel arrives after the script that published it.
+- **The journal** (``store``) keeps the passes in an in-process index, fenced by the
+  evaluation lease; nothing is behind it yet, so a restart starts from nothing
+  (``memory://``). A SQLite file behind it is the next step of issue 22.
+
+Several :class:`LocalGroups` may share one state (``shared_with``): the tests use that
+to stand for two replicas of one deployment in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+
+from genrm_grpc.cohort.model import CohortKey, Tombstone
+from genrm_grpc.cohort.records import (
+    Record,
+    Recovered,
+    RecoveredCohort,
+    TombstoneRecord,
+    VerdictRecord,
+)
+from genrm_grpc.store.group_state import Committed, GroupState, SharedStats
+from genrm_grpc.store.lease import Lease, LeaseLostError
+from genrm_grpc.store.local_state import Held, group_of
+from genrm_grpc.store.memory import StoreView
+
+#: How long an ended cohort's outcome stays for waiters that were not told (as on Redis).
+MAILBOX_TTL_S = 600.0
+
+
+class LocalJournal:
+    """Where evaluations journal their passes, fenced by their lease (module doc)."""
+
+    #: Nothing written outlives the process (a drain fails active cohorts).
+    survives_restart = False
+
+    def __init__(self, groups: LocalGroups) -> None:
+        self._groups = groups
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def persist(
+        self, records: Sequence[Record], *, lease: Lease | None = None
+    ) -> asyncio.Future[None]:
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if lease is not None and not self._groups.holds(lease):
+            written.set_exception(
+                LeaseLostError(
+                    f"the lease {lease.token} of a group is no longer current: nothing written"
+                )
+            )
+        else:
+            self._groups.state.apply(records, time.time())
+            written.set_result(None)
+        return written
+
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        return self._groups.state.journal.reusable(scope, context, first, second, judge_index, swap)
+
+
+class LocalGroups:
+    """One process's groups behind the replicas' seam (module doc)."""
+
+    def __init__(
+        self,
+        config: StoreView,
+        *,
+        lease_s: float,
+        replica: str | None = None,
+        shared_with: LocalGroups | None = None,
+    ) -> None:
+        self.state: Held = shared_with.state if shared_with is not None else Held(config)
+        self.address = "memory://"
+        self.lease_s = lease_s
+        self.replica = replica or f"{os.getpid()}/{uuid.uuid4().hex[:8]}"
+        self.stats = SharedStats()
+        self.store = LocalJournal(self)
+
+    async def connect(self) -> None:
+        return None
+
+    async def census(self, now: float) -> tuple[int, int, int, int]:
+        state = self.state
+        state.expire(now)
+        self.stats.active_seen = state.active_total
+        evaluating = len(state.evaluations.at)
+        return state.active_total, evaluating, len(state.tombstones), len(state.watermarks)
+
+    # ------------------------------------------------------------------ read
+    async def load(self, key: CohortKey) -> GroupState:
+        """The group of ``key``: its version, the key's cohort and tombstone, the newest
+        attempt's, the watermark, and the active counts (as Redis's ``LOAD``)."""
+        state = self.state
+        now = time.time()
+        self.stats.loads += 1
+        group = state.groups.get(group_of(key))
+        mark = state.unexpired_watermark(key.group_scope, now)
+        keys = [key]
+        if mark is not None and mark.attempt != key.attempt:
+            keys.append(CohortKey(key.group_id, None, mark.attempt, key.principal))
+        cohorts: list[RecoveredCohort] = []
+        tombstones: list[TombstoneRecord] = []
+        for each in keys:
+            active = state.cohorts.get(each)
+            entry = active.recovered() if active is not None else None
+            if entry is not None:
+                cohorts.append(entry)
+            tomb = state.unexpired_tombstone(each, now)
+            if tomb is not None:
+                tombstones.append(tomb)
+        self.stats.active_seen = state.active_total
+        return GroupState(
+            key=key,
+            version=str(group.version if group is not None else 0),
+            recovered=Recovered(tuple(cohorts), tuple(tombstones), (mark,) if mark else ()),
+            active_total=state.active_total,
+            active_principal=state.active_by_principal.get(key.principal, 0),
+        )
+
+    async def version(self, key: CohortKey) -> str:
+        group = self.state.groups.get(group_of(key))
+        return str(group.version if group is not None else 0)
+
+    async def load_evaluation(
+        self, key: CohortKey
+    ) -> tuple[RecoveredCohort | None, list[VerdictRecord]]:
+        active = self.state.cohorts.get(key)
+        entry = active.recovered() if active is not None else None
+        if entry is None:
+            return None, []
+        return entry, self.state.journal.of_cohort(key)
+
+    async def outcomes(self, keys: Iterable[CohortKey]) -> dict[CohortKey, Tombstone]:
+        state = self.state
+        now = time.time()
+        found: dict[CohortKey, Tombstone] = {}
+        for key in keys:
+            mailbox = state.mailboxes.get(key)
+            if mailbox is not None and mailbox[1] > now:
+                found[key] = mailbox[0]
+                continue
+            tomb = state.unexpired_tombstone(key, now)
+            if tomb is not None:
+                found[key] = tomb.tombstone
+        return found
+
+    async def due(self, now: float, limit: int = 64) -> list[CohortKey]:
+        return self.state.deadlines.due(now, limit)
+
+    async def orphaned(self, now: float, limit: int = 16) -> list[CohortKey]:
+        return self.state.evaluations.due(now, limit)
+
+    async def forget(self, key: CohortKey) -> None:
+        self.state.deadlines.remove(key)
+        self.state.evaluations.remove(key)
+
+    async def active_keys(self) -> list[CohortKey]:
+        """Every active cohort held (a drain that fails them all walks them once)."""
+        return [key for key, active in self.state.cohorts.items() if active.header is not None]
+
+    # ------------------------------------------------------------------ write
+    async def commit(
+        self,
+        state: GroupState,
+        records: Sequence[Record],
+        *,
+        ended: Sequence[Tombstone] = (),
+        evaluate: CohortKey | None = None,
+        collect: CohortKey | None = None,
+        grown: Sequence[CohortKey] = (),
+        fence: Lease | None = None,
+    ) -> Committed:
+        """Write ``records`` if the group is still at the version ``state`` read (the
+        arguments as :meth:`genrm_grpc.store.shared.SharedGroups.commit`'s)."""
+        held = self.state
+        key = state.key
+        group = held.group(key)
+        self.stats.commits += 1
+        if str(group.version) != state.version:
+            self.stats.conflicts += 1
+            held.forget_if_idle(key)
+            return Committed(False)
+        if fence is not None and not self.holds(fence):
+            self.stats.leases_lost += 1
+            return Committed(False, lease_lost=True)
+        now = time.time()
+        group.version = next(held.versions)
+        held.apply(records, now)
+        for tomb in ended:
+            held.mailboxes.pop(tomb.key, None)
+            held.mailboxes[tomb.key] = (tomb, now + MAILBOX_TTL_S)
+        token = 0
+        lease_of = evaluate if evaluate is not None else collect
+        if lease_of is not None and not held.group(lease_of).lease_held():
+            token = next(held.tokens)
+            held.group(lease_of).lease = (self._value(token), time.monotonic() + self.lease_s)
+        if evaluate is not None:
+            held.evaluations.file(evaluate, now + self.lease_s)
+        held.expire(now)
+        held.forget_if_idle(key)
+        held.publish([tomb.key for tomb in ended], grown)
+        return Committed(True, token=token)
+
+    # ------------------------------------------------------------------ evaluation leases
+    def _value(self, token: int) -> str:
+        return f"{token}:{self.replica}"
+
+    def holds(self, lease: Lease) -> bool:
+        """``lease`` is its group's current evaluation lease."""
+        group = self.state.groups.get(lease.scope)
+        held = group.lease if group is not None else None
+        return held is not None and held[1] > time.monotonic() and held[0] == lease.value
+
+    def lease_for(self, key: CohortKey, token: int, taken_at: float | None = None) -> Lease:
+        """This process's lease ``token`` on ``key``'s evaluation, valid for ``lease_s``
+        from ``taken_at`` (``time.monotonic()``; now when None)."""
+        started = time.monotonic() if taken_at is None else taken_at
+        scope = group_of(key)
+        return Lease(scope, self.replica, token, started + self.lease_s, key=scope)
+
+    async def claim(self, key: CohortKey) -> Lease | None:
+        """Take over an evaluation whose lease is gone; None when it is held."""
+        group = self.state.group(key)
+        if group.lease_held():
+            return None
+        started = time.monotonic()
+        token = next(self.state.tokens)
+        group.lease = (self._value(token), started + self.lease_s)
+        self.state.evaluations.file(key, time.time() + self.lease_s)
+        self.stats.takeovers += 1
+        return self.lease_for(key, token, started)
+
+    async def renew(self, key: CohortKey, lease: Lease) -> Lease | None:
+        """The lease extended by ``lease_s``; None when it is no longer this holder's."""
+        if not self.holds(lease):
+            self.stats.leases_lost += 1
+            return None
+        started = time.monotonic()
+        self.state.group(key).lease = (lease.value, started + self.lease_s)
+        self.state.evaluations.refile(key, time.time() + self.lease_s)
+        self.stats.renewals += 1
+        return Lease(lease.scope, lease.owner, lease.token, started + self.lease_s, key=lease.key)
+
+    async def release(self, key: CohortKey, lease: Lease) -> None:
+        """Give an unfinished evaluation to whoever looks next (its entry is due at once)."""
+        if self.holds(lease):
+            self.state.group(key).lease = None
+            self.state.evaluations.refile(key, 0.0)
+
+    # ------------------------------------------------------------------ fan-out
+    async def listen(
+        self,
+        on_ended: Callable[[CohortKey], None],
+        on_subscribed: Callable[[], Awaitable[None]],
+        *,
+        stopping: asyncio.Event,
+        on_grown: Callable[[CohortKey], None] | None = None,
+    ) -> None:
+        """Call ``on_ended`` (``on_grown``) for every cohort a commit ended (grew) until
+        ``stopping``: nothing is lost in between, so ``on_subscribed`` runs once."""
+        listener = (on_ended, on_grown or _ignore)
+        self.state.listeners.append(listener)
+        try:
+            await on_subscribed()
+            await stopping.wait()
+        finally:
+            self.state.listeners.remove(listener)
+
+
+def _ignore(key: CohortKey) -> None:
+    return None

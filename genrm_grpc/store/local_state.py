@@ -1,0 +1,280 @@
+"""What the in-process group store holds (``genrm_grpc.store.local``), and how it
+writes a record: the same effects as the Redis store's ops (``genrm_grpc.store.lua``),
+kept in dicts, heaps and insertion-ordered dicts so that nothing walks what is held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from genrm_grpc.cohort.journal import VerdictJournal
+from genrm_grpc.cohort.model import CohortKey, Phase, Tombstone
+from genrm_grpc.cohort.records import (
+    CohortRecord,
+    DropCohort,
+    DropTombstone,
+    DropWatermark,
+    MemberRecord,
+    Record,
+    RecoveredCohort,
+    TombstoneRecord,
+    VerdictRecord,
+    WatermarkRecord,
+)
+from genrm_grpc.store.memory import StoreView
+from genrm_grpc.store.redis_keys import key_text
+
+#: A group: its scope, or a legacy cohort's own key as text (what a lease's ``scope`` is).
+GroupId = str
+
+
+def group_of(key: CohortKey) -> GroupId:
+    scope = key.group_scope
+    return key_text(key) if scope is None else scope
+
+
+@dataclass(slots=True)
+class Active:
+    """An active cohort as stored: its header (once written) and its members by slot."""
+
+    header: CohortRecord | None = None
+    members: dict[int, MemberRecord] = field(default_factory=dict)
+
+    def recovered(self) -> RecoveredCohort | None:
+        if self.header is None:
+            return None
+        members = tuple(self.members[slot] for slot in sorted(self.members))
+        return RecoveredCohort(self.header, members)
+
+
+@dataclass(slots=True)
+class Group:
+    version: int = 0
+    active: int = 0  # active cohorts with a header
+    tombstones: int = 0
+    watermark: WatermarkRecord | None = None
+    #: The evaluation lease: ``"<token>:<owner>"`` and its expiry (``time.monotonic``).
+    lease: tuple[str, float] | None = None
+
+    def idle(self) -> bool:
+        return not (self.active or self.tombstones or self.watermark or self.lease_held())
+
+    def lease_held(self) -> bool:
+        return self.lease is not None and self.lease[1] > time.monotonic()
+
+
+class Index:
+    """Keys by instant (a deadline, a lease's expiry): the due ones in O(k log n).
+
+    A key filed again, or taken out, leaves its older heap entries behind; they are
+    dropped as they reach the top.
+    """
+
+    def __init__(self) -> None:
+        self.at: dict[CohortKey, float] = {}
+        self._heap: list[tuple[float, int, CohortKey]] = []
+        self._order = itertools.count()
+
+    def file(self, key: CohortKey, instant: float) -> None:
+        self.at[key] = instant
+        heapq.heappush(self._heap, (instant, next(self._order), key))
+
+    def refile(self, key: CohortKey, instant: float) -> None:
+        """File ``key`` again only if it is filed (Redis's ``ZADD XX``)."""
+        if key in self.at:
+            self.file(key, instant)
+
+    def remove(self, key: CohortKey) -> None:
+        self.at.pop(key, None)
+
+    def due(self, now: float, limit: int) -> list[CohortKey]:
+        found: list[tuple[float, int, CohortKey]] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now and len(found) < limit:
+            entry = heapq.heappop(heap)
+            if self.at.get(entry[2]) == entry[0]:
+                found.append(entry)
+        for entry in found:  # still filed: due until the key is filed again or removed
+            heapq.heappush(heap, entry)
+        return [entry[2] for entry in found]
+
+
+class Held:
+    """Everything one in-process deployment holds (module doc)."""
+
+    def __init__(self, config: StoreView) -> None:
+        self.max_tombstones = config.max_terminal_cohorts
+        self.groups: dict[GroupId, Group] = {}
+        self.cohorts: dict[CohortKey, Active] = {}
+        self.tombstones: OrderedDict[CohortKey, TombstoneRecord] = OrderedDict()
+        self.watermarks: OrderedDict[str, WatermarkRecord] = OrderedDict()
+        self.mailboxes: OrderedDict[CohortKey, tuple[Tombstone, float]] = OrderedDict()
+        self.journal = VerdictJournal()
+        self.deadlines = Index()
+        self.evaluations = Index()
+        self.active_total = 0
+        self.active_by_principal: dict[str, int] = {}
+        self.versions = itertools.count(1)
+        self.tokens = itertools.count(1)
+        self.listeners: list[tuple[Callable[[CohortKey], None], Callable[[CohortKey], None]]] = []
+
+    def group(self, key: CohortKey) -> Group:
+        gid = group_of(key)
+        group = self.groups.get(gid)
+        if group is None:
+            group = self.groups[gid] = Group()
+        return group
+
+    def forget_if_idle(self, key: CohortKey) -> None:
+        gid = group_of(key)
+        group = self.groups.get(gid)
+        if group is not None and group.idle():
+            del self.groups[gid]
+
+    # ------------------------------------------------------------------ records
+    def apply(self, records: Sequence[Record], now: float) -> None:
+        """Write ``records`` as the Redis store's ops do (``genrm_grpc.store.lua``)."""
+        for record in records:
+            if isinstance(record, MemberRecord):
+                active = self.cohorts.get(record.key)
+                if active is None:
+                    active = self.cohorts[record.key] = Active()
+                active.members[record.coords.rollout_index] = record
+            elif isinstance(record, CohortRecord):
+                self._header(record)
+            elif isinstance(record, VerdictRecord):
+                self.journal.add(record)
+            elif isinstance(record, DropCohort):
+                self._drop_cohort(record)
+            elif isinstance(record, TombstoneRecord):
+                self._tombstone(record, now)
+            elif isinstance(record, DropTombstone):
+                self._drop_tombstone(record.key)
+            elif isinstance(record, WatermarkRecord):
+                self._watermark(record)
+            elif isinstance(record, DropWatermark):
+                self._drop_watermark(record.scope)
+            else:
+                raise TypeError(f"not a store record: {record!r}")
+
+    def _header(self, record: CohortRecord) -> None:
+        key = record.key
+        active = self.cohorts.get(key)
+        if active is None:
+            active = self.cohorts[key] = Active()
+        if active.header is None:
+            self.group(key).active += 1
+            self._count(key, 1)
+        active.header = record
+        deadline = record.collection_deadline
+        if record.phase is Phase.EVALUATING and record.evaluation_deadline is not None:
+            deadline = record.evaluation_deadline
+        self.deadlines.file(key, deadline)
+
+    def _drop_cohort(self, record: DropCohort) -> None:
+        key = record.key
+        active = self.cohorts.pop(key, None)
+        self.deadlines.remove(key)
+        self.evaluations.remove(key)
+        group = self.group(key)
+        group.lease = None
+        if active is not None and active.header is not None:
+            group.active -= 1
+            self._count(key, -1)
+        if not record.keep_verdicts:
+            self.journal.drop(key)
+
+    def _count(self, key: CohortKey, delta: int) -> None:
+        self.active_total += delta
+        by = self.active_by_principal
+        left = by.get(key.principal, 0) + delta
+        if left:
+            by[key.principal] = left
+        else:
+            by.pop(key.principal, None)
+
+    def _tombstone(self, record: TombstoneRecord, now: float) -> None:
+        key = record.tombstone.key
+        if self.tombstones.pop(key, None) is None:
+            self.group(key).tombstones += 1
+        self.tombstones[key] = record
+        tomb = record.tombstone
+        if not tomb.masked and tomb.failed is None:
+            # As memory:// always did: a completed cohort's verdicts are rarely asked
+            # again, and kept they would cost ~100 objects per retained cohort; masked
+            # and failed attempts (those a caller retries) keep theirs for reuse.
+            self.journal.drop(key)
+        # Retention: what expired, then past the bound the oldest (with their verdicts).
+        tombs = self.tombstones
+        while tombs:
+            oldest, first = next(iter(tombs.items()))
+            if first.expires_at > now and len(tombs) <= self.max_tombstones:
+                break
+            self._drop_tombstone(oldest)
+
+    def _drop_tombstone(self, key: CohortKey) -> None:
+        if self.tombstones.pop(key, None) is not None:
+            self.group(key).tombstones -= 1
+            self.forget_if_idle(key)
+        self.journal.drop(key)
+
+    def _watermark(self, record: WatermarkRecord) -> None:
+        marks = self.watermarks
+        old = marks.pop(record.scope, None)
+        if old is not None and old.attempt > record.attempt:
+            record = WatermarkRecord(record.scope, old.attempt, record.expires_at)
+        marks[record.scope] = record
+        self.groups.setdefault(record.scope, Group()).watermark = record
+
+    def _drop_watermark(self, scope: str) -> None:
+        self.watermarks.pop(scope, None)
+        group = self.groups.get(scope)
+        if group is not None:
+            group.watermark = None
+            if group.idle():
+                del self.groups[scope]
+
+    def expire(self, now: float) -> None:
+        """Forget expired tombstones and watermarks (amortised: each once, oldest first)."""
+        while self.tombstones:
+            key, first = next(iter(self.tombstones.items()))
+            if first.expires_at > now:
+                break
+            self._drop_tombstone(key)
+        while self.watermarks:
+            scope, mark = next(iter(self.watermarks.items()))
+            if mark.expires_at > now:
+                break
+            self._drop_watermark(scope)
+        while self.mailboxes:
+            key, (_, until) = next(iter(self.mailboxes.items()))
+            if until > now:
+                break
+            del self.mailboxes[key]
+
+    def unexpired_watermark(self, scope: str | None, now: float) -> WatermarkRecord | None:
+        if scope is None:
+            return None
+        mark = self.watermarks.get(scope)
+        return mark if mark is not None and mark.expires_at > now else None
+
+    def unexpired_tombstone(self, key: CohortKey, now: float) -> TombstoneRecord | None:
+        tomb = self.tombstones.get(key)
+        return tomb if tomb is not None and tomb.expires_at > now else None
+
+    # ------------------------------------------------------------------ fan-out
+    def publish(self, ended: Sequence[CohortKey], grown: Sequence[CohortKey]) -> None:
+        if not self.listeners or not (ended or grown):
+            return
+        loop = asyncio.get_running_loop()
+        for on_ended, on_grown in list(self.listeners):
+            for key in ended:
+                loop.call_soon(on_ended, key)
+            for key in grown:
+                loop.call_soon(on_grown, key)
