@@ -176,8 +176,9 @@ class Settings(BaseSettings):
     verdict_reuse: Literal["group", "off"] = "group"
     #: How one process decides: ``registry`` on its registry of every cohort held;
     #: ``groups`` each group as a replica of many does, over an in-process group store
-    #: (``memory://`` only for now: the one-runtime change, docs/architecture.md). With
-    #: ``redis://`` the replicas' runtime decides, whatever this says.
+    #: with the SQLite file (or nothing) behind it: the one-runtime change,
+    #: docs/architecture.md. With ``redis://`` the replicas' runtime decides, whatever
+    #: this says.
     runtime: Literal["registry", "groups"] = "registry"
     #: Replicas on a shared ``redis://`` store: how long an evaluating replica's lease on
     #: a cohort lasts without renewal (renewed every third of it); after it expires
@@ -255,15 +256,6 @@ class Settings(BaseSettings):
                 )
         if self.stream_max_held_bytes > self.connection_max_held_bytes:
             raise ValueError("stream_max_held_bytes must not exceed connection_max_held_bytes")
-        return self
-
-    @model_validator(mode="after")
-    def _groups_runtime_store(self) -> Settings:
-        if self.runtime == "groups" and self.store.startswith("sqlite:"):
-            raise ValueError(
-                "runtime: groups runs on memory:// (or redis://) only for now; a SQLite "
-                "file behind the in-process group store is not built yet"
-            )
         return self
 
     @model_validator(mode="after")

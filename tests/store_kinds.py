@@ -1,5 +1,5 @@
 """Run a suite once per kind of store: ``sqlite`` (the default), ``memory``, ``redis``,
-and ``groups``: ``memory://`` decided by the replicas' runtime over the in-process group
+and ``groups``: the SQLite file under the replicas' runtime over the in-process group
 store (``runtime: groups``, the one-replica case of issue 22).
 
 A test (or a module-scoped fixture) that asks for ``store_kind`` is parametrized over
@@ -126,16 +126,23 @@ def store_kind(request: pytest.FixtureRequest) -> str:
     return kind
 
 
-def store_env_of_kind(kind: str, request: pytest.FixtureRequest) -> dict[str, str]:
-    """The ``GENRM_*`` variables that point a server at ``kind``'s store (none: the
-    per-test SQLite file)."""
+def store_env_of_kind(
+    kind: str, request: pytest.FixtureRequest, *, fresh_file: bool = False
+) -> dict[str, str]:
+    """The ``GENRM_*`` variables that point a server at ``kind``'s store: for the file
+    kinds the per-test SQLite file, or with ``fresh_file`` (a module's server, which no
+    per-test file covers) a new one."""
+    env: dict[str, str] = {}
     if kind == "memory":
-        return {"GENRM_STORE": "memory://"}
+        env["GENRM_STORE"] = "memory://"
+    elif kind == "redis":
+        env["GENRM_STORE"] = emptied_redis_url(request.getfixturevalue("redis_server"))
+    elif fresh_file:
+        folder = request.getfixturevalue("tmp_path_factory").mktemp(f"{kind}-store")
+        env["GENRM_STORE"] = f"sqlite:///{folder / 'state.sqlite3'}"
     if kind == "groups":
-        return {"GENRM_STORE": "memory://", "GENRM_RUNTIME": "groups"}
-    if kind == "redis":
-        return {"GENRM_STORE": emptied_redis_url(request.getfixturevalue("redis_server"))}
-    return {}
+        env["GENRM_RUNTIME"] = "groups"
+    return env
 
 
 @pytest.fixture

@@ -128,9 +128,16 @@ class GroupDecisions:
         if queue is not None:
             queue.append(op)
         else:
-            self._queues[key] = [op]
-            self._own(self._drain(key), name=f"decide {key}")
+            queue = self._queues[key] = [op]
+            task = self._own(self._drain(key), name=f"decide {key}")
+            task.add_done_callback(lambda done: self._never_ran(key, queue, done))
         return await op.future
+
+    def _never_ran(self, key: CohortKey, queue: list[Op], task: asyncio.Task[None]) -> None:
+        """A drain cancelled before its first step never runs its body: fail its ops."""
+        if task.cancelled() and self._queues.get(key) is queue:
+            del self._queues[key]
+            _fail(queue, asyncio.CancelledError())
 
     async def _drain(self, key: CohortKey) -> None:
         # A group's members arrive over a few loop turns (one gRPC call each): wait a
@@ -145,14 +152,11 @@ class GroupDecisions:
             try:
                 await self.decide(key, ops, None)
             except BaseException as exc:
-                for op in ops:
-                    if not op.future.done():
-                        op.future.set_exception(
-                            exc if isinstance(exc, Exception) else StoreError("cancelled")
-                        )
-                        op.future.exception()
+                _fail(ops, exc)
                 if not isinstance(exc, Exception):
-                    self._queues.pop(key, None)
+                    # Cancelled (the runtime stops): what queued meanwhile fails too, or
+                    # its callers would wait for a decision nobody makes any more.
+                    _fail(self._queues.pop(key, []), exc)
                     raise
 
     async def decide(self, key: CohortKey, ops: list[Op], fence: Lease | None) -> bool:
@@ -294,6 +298,13 @@ def decide_ops(key: CohortKey, ops: list[Op], registry: CohortRegistry, now: flo
         else:
             done.ended.extend(decision)
     return done
+
+
+def _fail(ops: list[Op], exc: BaseException) -> None:
+    for op in ops:
+        if not op.future.done():
+            op.future.set_exception(exc if isinstance(exc, Exception) else StoreError("cancelled"))
+            op.future.exception()
 
 
 def _answer(ops: list[Op], decisions: list[Decision | NotActive | Exception]) -> None:

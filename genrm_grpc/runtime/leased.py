@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from genrm_grpc.cohort.events import Cancelled
+from genrm_grpc.cohort.events import Cancelled, GroupEvent
 from genrm_grpc.cohort.model import CohortKey, Phase
 from genrm_grpc.cohort.phases import Event as PhaseEvent
 from genrm_grpc.cohort.phases import allows
@@ -28,6 +28,9 @@ from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.records import StoreError
 
 log = logging.getLogger(__name__)
+
+#: After a failed commit of an evaluation's end, how long until it is tried again.
+REWRITE_DELAY_S = 1.0
 
 
 class LeasedEvaluations:
@@ -145,9 +148,7 @@ class LeasedEvaluations:
             # later attempt of the group could not reuse that verdict).
             await asyncio.gather(*live.journal_writes, return_exceptions=True)
             live.journal_writes.clear()
-            current = live.lease if isinstance(live.lease, Lease) else lease
-            if not await self.decisions.decide_one(key, event, current):
-                log.warning("evaluation of %s was taken over; its result is dropped", key)
+            await self._conclude(key, live, event, lease)
         except StoreError as exc:
             self._store_failed()
             log.warning("evaluation of %s stopped: %s; another replica takes it over", key, exc)
@@ -160,6 +161,23 @@ class LeasedEvaluations:
             if keeper is not None:
                 keeper.cancel()
             self.judging.resume.drop(key)
+
+    async def _conclude(self, key: CohortKey, live: Live, event: GroupEvent, lease: Lease) -> None:
+        """Commit the event that ends the evaluation. A store that fails is tried again
+        every ``REWRITE_DELAY_S`` for as long as the lease is this replica's (it is
+        renewed meanwhile); after that the lease's next holder finishes the cohort."""
+        while True:
+            current = live.lease if isinstance(live.lease, Lease) else lease
+            try:
+                if not await self.decisions.decide_one(key, event, current):
+                    log.warning("evaluation of %s was taken over; its result is dropped", key)
+                return
+            except StoreError as exc:
+                self._store_failed()
+                if time.monotonic() + REWRITE_DELAY_S >= current.valid_until:
+                    raise
+                log.warning("could not commit the end of %s (%s); trying again", key, exc)
+            await asyncio.sleep(REWRITE_DELAY_S)
 
     def _hold(self, live: Live, key: CohortKey, lease: Lease) -> asyncio.Task[None]:
         """Judge ``key`` under ``lease`` from here, renewing it until the task is cancelled."""

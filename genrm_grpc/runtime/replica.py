@@ -181,10 +181,11 @@ class ReplicaRuntime:
 
     # ------------------------------------------------------------------ life cycle
     async def open(self) -> int:
-        """Reach Redis (RedisStartupError naming it when unreachable) and start the
-        replica's background work. Nothing is read back: cohorts live in Redis, and
-        orphaned evaluations and due deadlines are picked up by the sweeps."""
-        await self.shared.connect()
+        """Reach the group store (RedisStartupError naming Redis when unreachable; a
+        file behind the in-process store is read back) and start the background work;
+        returns the active cohorts read back. Orphaned evaluations and due deadlines are
+        picked up by the sweeps."""
+        recovered = await self.shared.connect()
         await self.shared.store.start()
         loop = asyncio.get_running_loop()
         for coro, name in (
@@ -201,7 +202,7 @@ class ReplicaRuntime:
             (self._watch_store(), "replica-store-health"),
         ):
             self._background.append(loop.create_task(coro, name=name))
-        return 0
+        return recovered
 
     async def shutdown(self, grace_s: float) -> None:
         """Drain: refuse new cohorts, let evaluations run for ``grace_s``, hand the rest
@@ -220,11 +221,7 @@ class ReplicaRuntime:
             if live is not None and isinstance(live.lease, Lease):
                 handoffs.append(self._hand_off(key, live.lease))
         await asyncio.gather(*handoffs, return_exceptions=True)
-        interrupted = CallInterrupted(
-            Reason.SHUTTING_DOWN,
-            "this replica is shutting down; the cohort goes on in the shared store: resend "
-            "the identical member (to another replica) to reattach",
-        )
+        interrupted = self._interruption()
         for live in list(self._live.values()):
             waiters = [w for ws in live.waiters.values() for w in ws]
             live.waiters.clear()
@@ -249,6 +246,20 @@ class ReplicaRuntime:
         except StoreError as exc:
             log.warning("could not fail the active cohorts at shutdown: %s", exc)
 
+    def _interruption(self) -> CallInterrupted:
+        """What a waiting call gets when this process stops (docs/durability.md)."""
+        if self.shared.shared_by_replicas:
+            message = (
+                "this replica is shutting down; the cohort goes on in the shared store: "
+                "resend the identical member (to another replica) to reattach"
+            )
+        else:
+            message = (
+                "the server is restarting; the cohort is kept in its store and resumes when "
+                "it is back: resend the identical member to reattach"
+            )
+        return CallInterrupted(Reason.SHUTTING_DOWN, message)
+
     async def _hand_off(self, key: CohortKey, lease: Lease) -> None:
         try:
             await self.shared.release(key, lease)
@@ -262,8 +273,9 @@ class ReplicaRuntime:
         shared = self.shared.stats
         return {
             **self.judging.stats(),
-            # A replica writes through its commits, which fail the call instead.
-            "store_failures": 0,
+            # Commits and journal writes that failed (the calls depending on a commit
+            # got STORE_UNAVAILABLE).
+            "store_failures": shared.failures,
             # The deployment's active cohorts as this replica last read them (the shared
             # counts); this process's registry holds none.
             "active_cohorts": shared.active_seen,
@@ -319,9 +331,13 @@ class ReplicaRuntime:
     ) -> Ticket:
         """Decide a member on its group as Redis holds it; raises CallInterrupted
         (STORE_UNAVAILABLE) when Redis cannot be read or written."""
+        if self._stopping.is_set():
+            raise self._interruption()  # its decision could not be waited for any more
         try:
             decision = await self.decisions.apply(sub.key, MemberArrived(sub))
         except StoreError as exc:
+            if self._stopping.is_set():  # the decision was cancelled by the stop
+                raise self._interruption() from exc
             self._store_failed()
             raise store_unavailable("this member", exc) from exc
         assert isinstance(decision, SubmitDecision)
@@ -335,6 +351,9 @@ class ReplicaRuntime:
         cohort = decision.cohort
         assert cohort is not None
         key = cohort.key
+        if self._stopping.is_set():
+            # Decided while this process stops: its waiters were interrupted already.
+            raise self._interruption()
         _, ticket.waiter, _ = self.judging.attach(cohort, sub.rollout_index, on_progress)
         if key in self._recent_ends:
             # It may have ended while this member was decided: read its outcome.

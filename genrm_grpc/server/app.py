@@ -216,8 +216,14 @@ class CohortServer:
             on_redis.on_round_trip = self.metrics.store_round_trip.observe
             shared = on_redis
         else:
-            # One process deciding as the one replica of its deployment (runtime: groups).
-            shared = LocalGroups(settings, lease_s=settings.replica_lease_s)
+            # One process deciding as the one replica of its deployment (runtime: groups),
+            # with the SQLite file behind its group store, or nothing (memory://).
+            shared = LocalGroups(
+                settings,
+                lease_s=settings.replica_lease_s,
+                behind=store if store.survives_restart else None,
+                address=settings.store,
+            )
         return ReplicaRuntime(
             self.registry,
             backend,

@@ -52,6 +52,8 @@ class SharedStats:
     leases_lost: int = 0
     takeovers: int = 0
     renewals: int = 0
+    #: Writes that failed (Redis did not answer or refused; the file behind failed).
+    failures: int = 0
     #: The deployment's active cohorts at the last group read.
     active_seen: int = 0
     #: Seconds of recent round trips, for the store-latency metric (bounded).

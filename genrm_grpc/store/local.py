@@ -22,8 +22,14 @@ What Redis does for the replicas, done here without a round trip:
   schedules the listeners' callbacks on the loop, after the commit returned, as a
   message on the Redis channel arrives after the script that published it.
 - **The journal** (``store``) keeps the passes in an in-process index, fenced by the
-  evaluation lease; nothing is behind it yet, so a restart starts from nothing
-  (``memory://``). A SQLite file behind it is the next step of issue 22.
+  evaluation lease.
+- **Behind it**, a SQLite file (``behind``) or nothing (``memory://``). With a file,
+  every commit is written there before it counts: until the write succeeded nothing of
+  it is held, answered or published, and the group's reads wait for it; a failed write
+  fails the decision (``STORE_UNAVAILABLE``) and leaves the group as it was. What
+  retention drops is written like any record. At start (:meth:`LocalGroups.connect`)
+  the file's active cohorts, tombstones, watermarks and passes are held again; an
+  evaluating cohort is due for its evaluation at once, which resumes from the journal.
 
 Several :class:`LocalGroups` may share one state (``shared_with``): the tests use that
 to stand for two replicas of one deployment in one process.
@@ -45,10 +51,12 @@ from genrm_grpc.cohort.records import (
     TombstoneRecord,
     VerdictRecord,
 )
+from genrm_grpc.store.durable import DurableStore
 from genrm_grpc.store.group_state import Committed, GroupState, SharedStats
 from genrm_grpc.store.lease import Lease, LeaseLostError
-from genrm_grpc.store.local_state import Held, group_of
+from genrm_grpc.store.local_state import Group, Held, group_of
 from genrm_grpc.store.memory import StoreView
+from genrm_grpc.store.records import StoreError
 
 #: How long an ended cohort's outcome stays for waiters that were not told (as on Redis).
 MAILBOX_TTL_S = 600.0
@@ -57,36 +65,54 @@ MAILBOX_TTL_S = 600.0
 class LocalJournal:
     """Where evaluations journal their passes, fenced by their lease (module doc)."""
 
-    #: Nothing written outlives the process (a drain fails active cohorts).
-    survives_restart = False
-
-    def __init__(self, groups: LocalGroups) -> None:
+    def __init__(self, groups: LocalGroups, behind: DurableStore | None) -> None:
         self._groups = groups
+        self._behind = behind
+        #: With nothing behind, nothing outlives the process (a drain fails the cohorts).
+        self.survives_restart = behind is not None and behind.survives_restart
 
     async def start(self) -> None:
-        return None
+        return None  # the file behind is opened, and read back, by LocalGroups.connect
 
     async def close(self) -> None:
-        return None
+        if self._behind is not None:
+            await self._behind.close()
 
     def persist(
         self, records: Sequence[Record], *, lease: Lease | None = None
     ) -> asyncio.Future[None]:
+        """Journal ``records`` (passes) while ``lease`` is current: written to the file
+        behind first, held once written; the future resolves then."""
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        held = self._groups.state
         if lease is not None and not self._groups.holds(lease):
             written.set_exception(
                 LeaseLostError(
                     f"the lease {lease.token} of a group is no longer current: nothing written"
                 )
             )
-        else:
-            self._groups.state.apply(records, time.time())
+        elif self._behind is None:
+            held.apply(records)
             written.set_result(None)
+        else:
+
+            def done(write: asyncio.Future[None]) -> None:
+                error = write.exception() if not write.cancelled() else StoreError("cancelled")
+                if error is not None:
+                    self._groups.stats.failures += 1
+                    written.set_exception(error)
+                    return
+                held.apply(records)
+                written.set_result(None)
+
+            self._behind.persist(records).add_done_callback(done)
         return written
 
     async def find_verdict(
         self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
     ) -> VerdictRecord | None:
+        if self._behind is not None:  # it keeps every attempt's verdicts; memory not all
+            return await self._behind.find_verdict(scope, context, first, second, judge_index, swap)
         return self._groups.state.journal.reusable(scope, context, first, second, judge_index, swap)
 
 
@@ -100,20 +126,40 @@ class LocalGroups:
         lease_s: float,
         replica: str | None = None,
         shared_with: LocalGroups | None = None,
+        behind: DurableStore | None = None,
+        address: str = "memory://",
     ) -> None:
+        """``behind``: the file every commit is written to before it counts, read back
+        by :meth:`connect` (None: nothing outlives the process)."""
         self.state: Held = shared_with.state if shared_with is not None else Held(config)
-        self.address = "memory://"
+        self.address = address
         self.lease_s = lease_s
         self.replica = replica or f"{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self.stats = SharedStats()
-        self.store = LocalJournal(self)
+        #: The file behind (None: nothing); what a test or an operator inspects.
+        self.behind = behind
+        self.store = LocalJournal(self, behind)
+        #: Cohorts of one process's store: a drain keeps them for the next process.
+        self.shared_by_replicas = False
 
-    async def connect(self) -> None:
-        return None
+    async def connect(self) -> int:
+        """Open the file behind and hold what it kept; returns the active cohorts read
+        back (StoreSchemaError for a file this server cannot use)."""
+        if self.behind is None:
+            return 0
+        recovered = await self.behind.open(time.time())
+        self.state.restore(recovered)
+        return len(recovered.cohorts)
 
     async def census(self, now: float) -> tuple[int, int, int, int]:
         state = self.state
-        state.expire(now)
+        drops = state.retention((), now)
+        if drops:  # what expired goes (from the file too), without waiting for a commit
+            if self.behind is None:
+                state.apply(drops)
+            else:
+                self.store.persist(drops).add_done_callback(_ignore_failure)
+        state.expire_mailboxes(now)
         self.stats.active_seen = state.active_total
         evaluating = len(state.evaluations.at)
         return state.active_total, evaluating, len(state.tombstones), len(state.watermarks)
@@ -123,9 +169,9 @@ class LocalGroups:
         """The group of ``key``: its version, the key's cohort and tombstone, the newest
         attempt's, the watermark, and the active counts (as Redis's ``LOAD``)."""
         state = self.state
+        group = await self._settled(key)
         now = time.time()
         self.stats.loads += 1
-        group = state.groups.get(group_of(key))
         mark = state.unexpired_watermark(key.group_scope, now)
         keys = [key]
         if mark is not None and mark.attempt != key.attempt:
@@ -150,8 +196,16 @@ class LocalGroups:
         )
 
     async def version(self, key: CohortKey) -> str:
-        group = self.state.groups.get(group_of(key))
+        group = await self._settled(key)
         return str(group.version if group is not None else 0)
+
+    async def _settled(self, key: CohortKey) -> Group | None:
+        """``key``'s group once no commit of it is being written (its version counts)."""
+        while True:
+            group = self.state.groups.get(group_of(key))
+            if group is None or group.pending is None:
+                return group
+            await asyncio.wait({group.pending})  # never cancels the writer's future
 
     async def load_evaluation(
         self, key: CohortKey
@@ -216,8 +270,11 @@ class LocalGroups:
             self.stats.leases_lost += 1
             return Committed(False, lease_lost=True)
         now = time.time()
+        records = [*records, *held.retention(records, now)]
         group.version = next(held.versions)
-        held.apply(records, now)
+        if self.behind is not None and records:
+            await self._write(group, records)  # StoreError: nothing of it is held
+        held.apply(records)
         for tomb in ended:
             held.mailboxes.pop(tomb.key, None)
             held.mailboxes[tomb.key] = (tomb, now + MAILBOX_TTL_S)
@@ -228,10 +285,28 @@ class LocalGroups:
             held.group(lease_of).lease = (self._value(token), time.monotonic() + self.lease_s)
         if evaluate is not None:
             held.evaluations.file(evaluate, now + self.lease_s)
-        held.expire(now)
+        held.expire_mailboxes(now)
         held.forget_if_idle(key)
         held.publish([tomb.key for tomb in ended], grown)
         return Committed(True, token=token)
+
+    async def _write(self, group: Group, records: Sequence[Record]) -> None:
+        """Write a commit to the file behind; the group's reads wait for it meanwhile.
+
+        Its lease is checked before, not again after: with one process the only other
+        claimant is this process's own sweep, after ``lease_s`` without a renewal.
+        """
+        assert self.behind is not None
+        pending: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        group.pending = pending
+        try:
+            await self.behind.persist(records)
+        except StoreError:
+            self.stats.failures += 1
+            raise
+        finally:
+            group.pending = None
+            pending.set_result(None)
 
     # ------------------------------------------------------------------ evaluation leases
     def _value(self, token: int) -> str:
@@ -301,3 +376,8 @@ class LocalGroups:
 
 def _ignore(key: CohortKey) -> None:
     return None
+
+
+def _ignore_failure(written: asyncio.Future[None]) -> None:
+    if not written.cancelled():
+        written.exception()  # retention tries again at the next census

@@ -22,6 +22,7 @@ from genrm_grpc.cohort.records import (
     DropWatermark,
     MemberRecord,
     Record,
+    Recovered,
     RecoveredCohort,
     TombstoneRecord,
     VerdictRecord,
@@ -61,9 +62,12 @@ class Group:
     watermark: WatermarkRecord | None = None
     #: The evaluation lease: ``"<token>:<owner>"`` and its expiry (``time.monotonic``).
     lease: tuple[str, float] | None = None
+    #: A commit being written to the file behind: reads wait for it.
+    pending: asyncio.Future[None] | None = None
 
     def idle(self) -> bool:
-        return not (self.active or self.tombstones or self.watermark or self.lease_held())
+        held = self.active or self.tombstones or self.watermark or self.pending
+        return not (held or self.lease_held())
 
     def lease_held(self) -> bool:
         return self.lease is not None and self.lease[1] > time.monotonic()
@@ -95,10 +99,12 @@ class Index:
 
     def due(self, now: float, limit: int) -> list[CohortKey]:
         found: list[tuple[float, int, CohortKey]] = []
+        seen: set[CohortKey] = set()
         heap = self._heap
         while heap and heap[0][0] <= now and len(found) < limit:
             entry = heapq.heappop(heap)
-            if self.at.get(entry[2]) == entry[0]:
+            if self.at.get(entry[2]) == entry[0] and entry[2] not in seen:
+                seen.add(entry[2])
                 found.append(entry)
         for entry in found:  # still filed: due until the key is filed again or removed
             heapq.heappush(heap, entry)
@@ -138,7 +144,7 @@ class Held:
             del self.groups[gid]
 
     # ------------------------------------------------------------------ records
-    def apply(self, records: Sequence[Record], now: float) -> None:
+    def apply(self, records: Sequence[Record]) -> None:
         """Write ``records`` as the Redis store's ops do (``genrm_grpc.store.lua``)."""
         for record in records:
             if isinstance(record, MemberRecord):
@@ -153,7 +159,7 @@ class Held:
             elif isinstance(record, DropCohort):
                 self._drop_cohort(record)
             elif isinstance(record, TombstoneRecord):
-                self._tombstone(record, now)
+                self._tombstone(record)
             elif isinstance(record, DropTombstone):
                 self._drop_tombstone(record.key)
             elif isinstance(record, WatermarkRecord):
@@ -199,7 +205,7 @@ class Held:
         else:
             by.pop(key.principal, None)
 
-    def _tombstone(self, record: TombstoneRecord, now: float) -> None:
+    def _tombstone(self, record: TombstoneRecord) -> None:
         key = record.tombstone.key
         if self.tombstones.pop(key, None) is None:
             self.group(key).tombstones += 1
@@ -210,13 +216,6 @@ class Held:
             # again, and kept they would cost ~100 objects per retained cohort; masked
             # and failed attempts (those a caller retries) keep theirs for reuse.
             self.journal.drop(key)
-        # Retention: what expired, then past the bound the oldest (with their verdicts).
-        tombs = self.tombstones
-        while tombs:
-            oldest, first = next(iter(tombs.items()))
-            if first.expires_at > now and len(tombs) <= self.max_tombstones:
-                break
-            self._drop_tombstone(oldest)
 
     def _drop_tombstone(self, key: CohortKey) -> None:
         if self.tombstones.pop(key, None) is not None:
@@ -240,23 +239,54 @@ class Held:
             if group.idle():
                 del self.groups[scope]
 
-    def expire(self, now: float) -> None:
-        """Forget expired tombstones and watermarks (amortised: each once, oldest first)."""
-        while self.tombstones:
-            key, first = next(iter(self.tombstones.items()))
-            if first.expires_at > now:
+    def retention(self, records: Sequence[Record], now: float) -> list[Record]:
+        """What retention drops once ``records`` are written: expired tombstones (with
+        their verdicts) and watermarks, and past ``max_terminal_cohorts`` the oldest
+        tombstones. Records like any other, so that a file behind writes them too.
+
+        Amortised O(1): the oldest entries come first, and it stops at the first one
+        that stays.
+        """
+        written = {r.tombstone.key for r in records if isinstance(r, TombstoneRecord)}
+        gone = {r.key for r in records if isinstance(r, DropTombstone)}
+        marks = {r.scope for r in records if isinstance(r, WatermarkRecord | DropWatermark)}
+        tombs = self.tombstones
+        count = len(tombs) + sum(1 for key in written if key not in tombs)
+        count -= sum(1 for key in gone if key in tombs and key not in written)
+        drops: list[Record] = []
+        for key, tomb in tombs.items():
+            if tomb.expires_at > now and count <= self.max_tombstones:
                 break
-            self._drop_tombstone(key)
-        while self.watermarks:
-            scope, mark = next(iter(self.watermarks.items()))
+            if key in written or key in gone:
+                continue
+            drops.append(DropTombstone(key))
+            count -= 1
+        for scope, mark in self.watermarks.items():
             if mark.expires_at > now:
                 break
-            self._drop_watermark(scope)
+            if scope not in marks:
+                drops.append(DropWatermark(scope))
+        return drops
+
+    def expire_mailboxes(self, now: float) -> None:
         while self.mailboxes:
             key, (_, until) = next(iter(self.mailboxes.items()))
             if until > now:
                 break
             del self.mailboxes[key]
+
+    def restore(self, recovered: Recovered) -> None:
+        """Hold what a file behind kept: active cohorts (an evaluating one is due for
+        its evaluation at once, with no lease), tombstones, watermarks and verdicts."""
+        for entry in recovered.cohorts:
+            self.apply([entry.header, *entry.members])
+            if entry.header.phase is Phase.EVALUATING:
+                self.evaluations.file(entry.header.key, 0.0)
+        by_expiry = sorted(recovered.tombstones, key=lambda t: t.expires_at)
+        self.apply([*by_expiry, *recovered.watermarks])
+        # Only the active cohorts' passes are held (to resume them); reuse asks the file.
+        active = {entry.header.key for entry in recovered.cohorts}
+        self.journal.extend(v for v in recovered.verdicts if v.cohort in active)
 
     def unexpired_watermark(self, scope: str | None, now: float) -> WatermarkRecord | None:
         if scope is None:

@@ -115,6 +115,7 @@ class SharedGroups:
         self.replica = replica or f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self.lease_s = lease_s
         self.stats = SharedStats()
+        self.shared_by_replicas = True
         #: Called with the seconds of every round trip (the store-latency metric).
         self.on_round_trip: Callable[[float], None] | None = None
         self._client = store._client
@@ -143,8 +144,10 @@ class SharedGroups:
         try:
             return await call
         except UNAVAILABLE as exc:
+            self.stats.failures += 1
             raise RedisUnavailableError(f"the store {self.address} is unreachable: {exc}") from exc
         except RedisError as exc:
+            self.stats.failures += 1
             raise StoreError(f"the store {self.address} refused {what}: {exc}") from exc
         finally:
             elapsed = time.perf_counter() - started
@@ -152,12 +155,14 @@ class SharedGroups:
             if self.on_round_trip is not None:
                 self.on_round_trip(elapsed)
 
-    async def connect(self) -> None:
-        """Reach Redis (start-up): RedisStartupError naming the address when it cannot."""
+    async def connect(self) -> int:
+        """Reach Redis (start-up): RedisStartupError naming the address when it cannot.
+        Nothing is read back (0): the sweeps pick up what the deployment holds."""
         try:
             await self._client.ping()
         except (*UNAVAILABLE, RedisError) as exc:
             raise RedisStartupError(f"cannot reach the store {self.address}: {exc}") from exc
+        return 0
 
     async def ping(self) -> None:
         await self._call("PING", self._client.ping())

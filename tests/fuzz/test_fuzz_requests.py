@@ -36,7 +36,7 @@ FUZZ = settings(
 def live(store_kind: str, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     """One server per module and kind of store (tests/store_kinds.py)."""
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in store_env_of_kind(store_kind, request).items():
+        for name, value in store_env_of_kind(store_kind, request, fresh_file=True).items():
             patch.setenv(name, value)
         server = LiveServer()
         server.start()

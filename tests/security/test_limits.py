@@ -174,7 +174,6 @@ async def test_concurrent_streams_per_connection_are_bounded(
     roomy = await start_server(  # no deadline pressure; a second server, a second file
         max_concurrent_streams=2,
         store=f"sqlite:///{tmp_path}/roomy.sqlite3",
-        runtime="registry",  # the runtime a file runs on so far
     )
 
     def request(group: str, k: int) -> pb.SubmitMemberRequest:

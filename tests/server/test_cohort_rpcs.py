@@ -200,7 +200,7 @@ STOP_WORDS = {
     "memory": "shutting down",
     "sqlite": "kept in its store",
     "redis": "goes on in the shared store",
-    "groups": "shutting down",
+    "groups": "kept in its store",
 }
 
 

@@ -20,8 +20,10 @@ from genrm_grpc.cohort.model import CohortKey, Tombstone
 from genrm_grpc.testing import FakeJudgeServer
 from tests.server.conftest import StartServer
 
-# The test holds a SQLite file's write lock: it belongs to that store alone.
-pytestmark = pytest.mark.stores("sqlite")
+# The tests hold a SQLite file's write lock: they belong to that store alone. The
+# registry's runtime holds a decision in memory while it is written, the groups runtime
+# holds nothing until it is written: one test each.
+pytestmark = pytest.mark.stores("sqlite", "groups")
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])
 
@@ -47,6 +49,7 @@ def _write_lock(store: Path) -> Iterator[None]:
         conn.close()
 
 
+@pytest.mark.stores("sqlite")
 async def test_a_stream_waits_for_a_replay_whose_outcome_is_still_being_written(
     start_server: StartServer, fake_judge: FakeJudgeServer, tmp_path: Path
 ) -> None:
@@ -78,6 +81,40 @@ async def test_a_stream_waits_for_a_replay_whose_outcome_is_still_being_written(
     first = [e async for e in group]
     kinds = [e.WhichOneof("event") for e in first]
     assert kinds.count("accepted") == 2 and kinds.count("result") == 2, kinds
+    second = [e async for e in resend]
+    assert [e.WhichOneof("event") for e in second] == ["accepted", "result"]
+    assert second[1].result.replayed and second[1].result.member.rollout_index == 0
+
+
+@pytest.mark.stores("groups")
+async def test_an_outcome_the_file_cannot_take_yet_is_answered_once_it_is_written(
+    start_server: StartServer, fake_judge: FakeJudgeServer, tmp_path: Path
+) -> None:
+    store = tmp_path / "held.sqlite3"
+    server, client = await start_server(store=f"sqlite:///{store}")
+    group = client.stub.StreamGroups()
+    fake_judge.set_faults(hang_rate=1.0)
+    await group.write(_request(0))
+    await group.write(_request(1))
+    await group.done_writing()
+    assert await asyncio.to_thread(fake_judge.wait_for_requests, 2, 30)
+    with _write_lock(store):
+        # The judge goes away: the hung passes fail and the group's end (masked) is
+        # decided, but its commit cannot reach the file; it is tried again.
+        await asyncio.to_thread(fake_judge.stop)
+        for _ in range(3000):  # up to 30 s
+            if server.runtime.stats()["store_failures"] >= 1:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the end of the group was never tried")
+        assert not group.done()  # nothing answered from a commit the file lacks
+    events = [e async for e in group]
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds.count("accepted") == 2 and kinds.count("result") == 2, kinds
+    resend = client.stub.StreamGroups()
+    await resend.write(_request(0))
+    await resend.done_writing()
     second = [e async for e in resend]
     assert [e.WhichOneof("event") for e in second] == ["accepted", "result"]
     assert second[1].result.replayed and second[1].result.member.rollout_index == 0

@@ -17,5 +17,7 @@ async def test_each_kind_of_store_is_decided_by_the_runtime_it_stands_for(
         assert isinstance(runtime, CohortRuntime)
     else:
         assert isinstance(runtime, ReplicaRuntime)
-        # groups: the one-replica case, over this process's own group store.
+        # groups: the one-replica case, over this process's own group store, with the
+        # test's SQLite file behind it.
         assert isinstance(runtime.shared, LocalGroups) == (store_kind == "groups")
+        assert runtime.store.survives_restart

@@ -20,6 +20,7 @@ import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortError
 
+from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import FakeJudgeServer
 from tests.server.conftest import StartServer, call_error
@@ -119,6 +120,52 @@ async def test_a_failing_disk_fails_the_call_judges_nothing_and_recovers_by_rewr
     assert all(not r.replayed and not r.mask_sample for r in results)
     last = await client.submit_member(_ref(SIZE - 1), PROMPT, _answer(SIZE - 1), timeout=60)
     assert last.replayed and not last.mask_sample
+    assert len({r.reward for r in [*results, last]}) > 1
+    assert fake_judge.stats()["total"] == SIZE  # each pass judged once
+    await _until(lambda: _count(path, tombstones) == 1)
+    assert _count(path, "SELECT count(*) FROM members") == 0
+
+
+@pytest.mark.stores("groups")
+async def test_a_failing_disk_fails_the_member_it_cannot_write_and_its_resend_goes_on(
+    start_server: StartServer, fake_judge: FakeJudgeServer
+) -> None:
+    """Under the groups runtime nothing is held that the file lacks: the member whose
+    commit fails is not in the group at all, so its resend after the disk recovers is
+    what completes the group (and nothing was judged meanwhile)."""
+    server, client = await start_server(genrm_parse_retries=0)
+    shared = getattr(server.runtime, "shared", None)
+    assert isinstance(shared, LocalGroups) and isinstance(shared.behind, SqliteStore)
+    path = shared.behind.path.resolve()
+    tombstones = "SELECT count(*) FROM tombstones"
+
+    def submit(k: int) -> asyncio.Future[pb.MemberResult]:
+        return asyncio.ensure_future(client.submit_member(_ref(k), PROMPT, _answer(k), timeout=60))
+
+    first = [submit(k) for k in range(SIZE - 1)]
+    await _until(lambda: _count(path, "SELECT count(*) FROM members") == SIZE - 1)
+
+    with failing_disk(path):
+        try:
+            await client.submit_member(_ref(SIZE - 1), PROMPT, _answer(SIZE - 1), timeout=60)
+        except (CohortError, grpc.RpcError) as exc:
+            details = call_error(exc)
+            assert details.code is grpc.StatusCode.UNAVAILABLE, details
+            assert details.reason == "STORE_UNAVAILABLE", details
+        else:
+            raise AssertionError("a member was accepted while its record was not stored")
+        assert server.runtime.stats()["store_failures"] >= 1
+        assert fake_judge.stats()["total"] == 0
+        assert not any(call.done() for call in first)
+        assert _count(path, "SELECT count(*) FROM members") == SIZE - 1
+        assert _count(path, tombstones) == 0
+
+    # The disk recovers: the resend is accepted, the group judged and published to the
+    # members that kept waiting.
+    last = await client.submit_member(_ref(SIZE - 1), PROMPT, _answer(SIZE - 1), timeout=60)
+    results = await asyncio.gather(*first)
+    assert not last.replayed and not last.mask_sample
+    assert all(not r.replayed and not r.mask_sample for r in results)
     assert len({r.reward for r in [*results, last]}) > 1
     assert fake_judge.stats()["total"] == SIZE  # each pass judged once
     await _until(lambda: _count(path, tombstones) == 1)

@@ -88,7 +88,7 @@ async def test_a_masked_attempt_resent_with_the_same_answers_reuses_every_finish
     assert f"genrm_judge_passes_reused_total {float(journaled)}" in exposition
 
 
-@pytest.mark.stores("sqlite")
+@pytest.mark.stores("sqlite", "groups")
 async def test_identical_answers_in_a_new_attempt_need_no_judge_call_on_the_file_store(
     start_server: StartServer, fake_judge: FakeJudgeServer
 ) -> None:
@@ -124,10 +124,7 @@ async def test_legacy_reruns_and_reuse_off_are_judged_again(
     assert fake_judge.stats()["total"] == 2 * SIZE
 
     fake_judge.reset_stats()
-    # On a file, which only the registry's runtime runs on so far.
-    _, legacy_client = await start_server(
-        store=f"sqlite:///{tmp_path}/legacy.sqlite3", runtime="registry"
-    )
+    _, legacy_client = await start_server(store=f"sqlite:///{tmp_path}/legacy.sqlite3")
     await _group(legacy_client, None, 0)
     await _group(legacy_client, None, 0)  # the same legacy key again after success
     assert fake_judge.stats()["total"] == 2 * SIZE  # judged again, as NeMo Gym does

@@ -1,0 +1,110 @@
+"""The in-process group store with a real SQLite file behind it.
+
+What the file must hold is read back by a second ``LocalGroups`` on the same file (a
+restart); the one interleaving that matters (a read while a commit is being written) is
+held for real with SQLite's write lock from a second connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+from genrm_grpc.cohort.registry import CohortRegistry
+from genrm_grpc.config import Settings
+from genrm_grpc.store.group_state import GroupState
+from genrm_grpc.store.local import LocalGroups
+from genrm_grpc.store.memory import MemoryStore
+from genrm_grpc.store.sqlite import SqliteStore
+from tests.cohort.support import sub
+
+SETTINGS = Settings(
+    store="memory://", runtime="groups", cohort_collection_timeout_s=60.0, max_terminal_cohorts=2
+)
+
+
+def _decide(state: GroupState) -> tuple[CohortRegistry, float]:
+    registry = CohortRegistry(SETTINGS, MemoryStore(SETTINGS))
+    now = time.time()
+    registry.restore(state.recovered, now)
+    return registry, now
+
+
+async def _opened(path: Path) -> LocalGroups:
+    groups = LocalGroups(SETTINGS, lease_s=10, behind=SqliteStore(path))
+    await groups.connect()
+    return groups
+
+
+async def _open_then_fail(groups: LocalGroups, gid: str) -> None:
+    key = sub(0, gid=gid).key
+    state = await groups.load(key)
+    registry, now = _decide(state)
+    assert (await groups.commit(state, registry.submit(sub(0, gid=gid), now).records)).written
+    state = await groups.load(key)
+    registry, now = _decide(state)
+    cohort = registry.active(key)
+    assert cohort is not None
+    ended = registry.fail(cohort, "stopped by a test", now)
+    assert ended
+    assert (await groups.commit(state, ended.records)).written
+
+
+async def test_what_retention_drops_past_its_bound_is_dropped_from_the_file_too(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.sqlite3"
+    groups = await _opened(path)
+    await _open_then_fail(groups, "kept-open")
+    key = sub(0, gid="kept-open").key
+    state = await groups.load(key)
+    registry, now = _decide(state)
+    # One cohort stays active, three end: max_terminal_cohorts=2 keeps the newest two.
+    assert (await groups.commit(state, registry.submit(sub(0, gid="open"), now).records)).written
+    for gid in ("a", "b", "c"):
+        await _open_then_fail(groups, gid)
+    assert (await groups.census(time.time()))[2] == 2
+    await groups.store.close()
+
+    again = await _opened(path)  # a restart on the same file
+    active, _, tombstones, _ = await again.census(time.time())
+    assert (active, tombstones) == (1, 2)
+    assert set(await again.outcomes([sub(0, gid=g).key for g in ("a", "b", "c")])) == {
+        sub(0, gid="b").key,
+        sub(0, gid="c").key,
+    }
+    await again.store.close()
+
+
+async def test_a_read_waits_for_the_commit_being_written_and_sees_it(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    groups = await _opened(path)
+    key = sub(0).key
+    state = await groups.load(key)
+    registry, now = _decide(state)
+    records = registry.submit(sub(0), now).records
+    lock = sqlite3.connect(path, isolation_level=None)
+    try:
+        lock.execute("BEGIN IMMEDIATE")  # the writer waits for this connection
+        commit = asyncio.ensure_future(groups.commit(state, records))
+        for _ in range(1000):  # loop turns until the commit reaches the writer
+            group = groups.state.groups.get(key.group_scope or "")
+            if group is not None and group.pending is not None:
+                break
+            await asyncio.sleep(0)
+        else:
+            raise AssertionError("the commit never reached the file")
+        read = asyncio.ensure_future(groups.load(key))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not read.done()  # nothing of the commit is held, and the read waits
+        lock.execute("ROLLBACK")
+    finally:
+        lock.close()
+    assert (await asyncio.wait_for(commit, 10)).written
+    seen = await asyncio.wait_for(read, 10)
+    assert seen.version != state.version
+    assert [c.header.key for c in seen.recovered.cohorts] == [key]
+    await groups.store.close()
