@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from genrm_grpc.cohort.events import Decision, GroupEvent, NotActive, apply
 from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
 from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record
-from genrm_grpc.cohort.registry import CohortRegistry, RegistryView, SubmitDecision
+from genrm_grpc.cohort.registry import CohortRegistry, Ended, RegistryView, SubmitDecision
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.live import RuntimeView
 from genrm_grpc.store.group_state import GroupState
@@ -61,6 +61,11 @@ class GroupView(RegistryView, RuntimeView, StoreView, Protocol):
 Committed = Callable[["Decided", list[CohortKey], float, tuple[CohortKey, Lease] | None], None]
 
 
+#: The event that ends a frozen cohort needing no judge call (its score), or None to
+#: judge it under its lease.
+Settle = Callable[[Cohort], GroupEvent | None]
+
+
 class Owner(Protocol):
     """Starts a task the runtime owns (cancelled and awaited when it stops)."""
 
@@ -82,8 +87,10 @@ class GroupDecisions:
         draining: Callable[[], bool],
         own: Owner,
         committed: Committed,
+        settle: Settle | None = None,
     ) -> None:
         self.shared = shared
+        self._settle = settle
         self.config = config
         self._draining = draining
         self._own = own
@@ -166,7 +173,7 @@ class GroupDecisions:
         """
         for attempt in range(MAX_COMMIT_ATTEMPTS):
             state, registry, now, cached = await self._state_of(key)
-            done = decide_ops(key, ops, registry, now)
+            done = decide_ops(key, ops, registry, now, self._settle)
             # Nothing to commit, so no version check: make sure the state decided on is
             # still the group's (an answer from a stale state would be wrong).
             if not done.records and cached and await self.shared.version(key) != state.version:
@@ -278,7 +285,13 @@ class Decided:
     frozen: Cohort | None = None
 
 
-def decide_ops(key: CohortKey, ops: list[Op], registry: CohortRegistry, now: float) -> Decided:
+def decide_ops(
+    key: CohortKey,
+    ops: list[Op],
+    registry: CohortRegistry,
+    now: float,
+    settle: Settle | None = None,
+) -> Decided:
     done = Decided()
     for op in ops:
         try:
@@ -295,9 +308,23 @@ def decide_ops(key: CohortKey, ops: list[Op], registry: CohortRegistry, now: flo
             done.ended.extend(decision.ended)
             if decision.frozen:
                 done.frozen = decision.cohort
+                _settle(done, registry, now, settle)
         else:
             done.ended.extend(decision)
     return done
+
+
+def _settle(done: Decided, registry: CohortRegistry, now: float, settle: Settle | None) -> None:
+    """A frozen cohort that needs no judge call ends in the same decision (one commit)."""
+    cohort = done.frozen
+    event = settle(cohort) if settle is not None and cohort is not None else None
+    if event is None:
+        return
+    ended = apply(registry, event, now)
+    if isinstance(ended, Ended) and ended:
+        done.records.extend(ended.records)
+        done.ended.extend(ended)
+        done.frozen = None
 
 
 def _fail(ops: list[Op], exc: BaseException) -> None:

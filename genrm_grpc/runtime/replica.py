@@ -37,9 +37,16 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from genrm_grpc.cohort.events import Cancelled, DeadlinePassed, MemberArrived, NotActive
+from genrm_grpc.cohort.events import (
+    Cancelled,
+    DeadlinePassed,
+    GroupEvent,
+    MemberArrived,
+    NotActive,
+)
 from genrm_grpc.cohort.model import (
     CandidateSpec,
+    Cohort,
     CohortKey,
     Completed,
     PromptSpec,
@@ -62,6 +69,7 @@ from genrm_grpc.runtime.live import (
     CallInterrupted,
     Census,
     JudgeBackend,
+    Live,
     ProgressCallback,
     Ticket,
     deliver,
@@ -128,6 +136,7 @@ class ReplicaRuntime:
             draining=lambda: self.registry.draining,
             own=self.judging.own,
             committed=self._committed,
+            settle=self._scored_at_once,
         )
         self.evaluations = LeasedEvaluations(
             shared,
@@ -325,6 +334,13 @@ class ReplicaRuntime:
         if judge_here is not None:
             self.evaluations.start(*judge_here)
 
+    def _scored_at_once(self, cohort: Cohort) -> GroupEvent | None:
+        """A 1-member cohort needs no judge call: it is scored in the decision that froze
+        it (as the single process always did), not by an evaluation under a lease."""
+        if cohort.group_size != 1 or self.judging.plan.pass_count(1):
+            return None
+        return self.judging.scored_event(Live(cohort=cohort), [])
+
     # ------------------------------------------------------------------ API
     async def submit(
         self, sub: Submission, *, on_progress: ProgressCallback | None = None
@@ -355,6 +371,10 @@ class ReplicaRuntime:
             # Decided while this process stops: its waiters were interrupted already.
             raise self._interruption()
         _, ticket.waiter, _ = self.judging.attach(cohort, sub.rollout_index, on_progress)
+        if cohort.outcome is not None:
+            # It ended in this member's own decision (scored at once), committed already.
+            deliver(self.judging.retire(key) or [], cohort.outcome)
+            return ticket
         if key in self._recent_ends:
             # It may have ended while this member was decided: read its outcome.
             self._fetch(key)

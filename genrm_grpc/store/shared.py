@@ -139,15 +139,17 @@ class SharedGroups:
         return self._keys.mailbox(key)
 
     # ------------------------------------------------------------------ calls
-    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
+    async def _call(self, what: str, call: Awaitable[Any], *, write: bool = False) -> Any:
+        """``call``'s answer; StoreError when Redis does not answer or refuses it (a
+        ``write`` that fails is counted: the calls depending on it get STORE_UNAVAILABLE)."""
         started = time.perf_counter()
         try:
             return await call
         except UNAVAILABLE as exc:
-            self.stats.failures += 1
+            self.stats.failures += write
             raise RedisUnavailableError(f"the store {self.address} is unreachable: {exc}") from exc
         except RedisError as exc:
-            self.stats.failures += 1
+            self.stats.failures += write
             raise StoreError(f"the store {self.address} refused {what}: {exc}") from exc
         finally:
             elapsed = time.perf_counter() - started
@@ -322,6 +324,7 @@ class SharedGroups:
                     *args,
                 ],
             ),
+            write=True,
         )
         status, token = int(result[0]), int(result[1])
         if status == 0:

@@ -273,3 +273,19 @@ async def test_an_eager_evaluator_that_stops_hands_the_cohort_to_the_one_that_fr
         for runtime in (two, one):
             await runtime.shutdown(0)
             await runtime.close()
+
+
+async def test_a_one_member_group_is_scored_in_the_commit_that_froze_it(
+    deployment: Make,
+) -> None:
+    """Nothing to judge: no evaluation lease, no second commit, the outcome at once."""
+    judge = InstantJudge()
+    replica = await deployment(judge)
+    ticket = await replica.submit(sub(0, gid="solo", size=1, text="alone"))
+    assert ticket.disposition is Disposition.ACCEPTED and ticket.waiter is not None
+    outcome = await asyncio.wait_for(ticket.waiter.wait(), 10)
+    assert isinstance(outcome, Completed)
+    assert replica.shared.stats.commits == 1
+    assert replica.stats()["evaluating_here"] == 0 and judge.calls == 0
+    resend = await replica.submit(sub(0, gid="solo", size=1, text="alone"))
+    assert resend.disposition is Disposition.REPLAYED
