@@ -12,11 +12,14 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
+from genrm_cohort_client import CohortClient
 
 from genrm_grpc.cohort.model import CohortKey, Tombstone
+from genrm_grpc.server.app import CohortServer
 from genrm_grpc.testing import FakeJudgeServer
 from tests.server.conftest import StartServer
 
@@ -49,21 +52,30 @@ def _write_lock(store: Path) -> Iterator[None]:
         conn.close()
 
 
+async def _judging_a_group(
+    start_server: StartServer, fake_judge: FakeJudgeServer, store: Path
+) -> tuple[CohortServer, CohortClient, Any]:
+    """A server on ``store`` judging a 2-member group sent on one stream; the passes hang
+    at the judge. Returns the server, its client and the group's stream."""
+    server, client = await start_server(store=f"sqlite:///{store}")
+    group = client.stub.StreamGroups()
+    fake_judge.set_faults(hang_rate=1.0)
+    await group.write(_request(0))
+    await group.write(_request(1))
+    await group.done_writing()
+    # Judging starts once the members are stored.
+    assert await asyncio.to_thread(fake_judge.wait_for_requests, 2, 30)
+    return server, client, group
+
+
 @pytest.mark.stores("sqlite")
 async def test_a_stream_waits_for_a_replay_whose_outcome_is_still_being_written(
     start_server: StartServer, fake_judge: FakeJudgeServer, tmp_path: Path
 ) -> None:
     store = tmp_path / "held.sqlite3"
-    server, client = await start_server(store=f"sqlite:///{store}")
+    server, client, group = await _judging_a_group(start_server, fake_judge, store)
     key = CohortKey("held", None, 0)
-    group = client.stub.StreamGroups()
     resend = client.stub.StreamGroups()  # a second stream that holds nothing else
-    fake_judge.set_faults(hang_rate=1.0)
-    await group.write(_request(0))
-    await group.write(_request(1))
-    await group.done_writing()
-    # Judging starts once the members are stored; the passes hang at the judge.
-    assert await asyncio.to_thread(fake_judge.wait_for_requests, 2, 30)
     with _write_lock(store):
         # The judge goes away: the hung passes fail and the group is complete (masked)
         # in memory, but its outcome's records wait for the lock.
@@ -91,13 +103,7 @@ async def test_an_outcome_the_file_cannot_take_yet_is_answered_once_it_is_writte
     start_server: StartServer, fake_judge: FakeJudgeServer, tmp_path: Path
 ) -> None:
     store = tmp_path / "held.sqlite3"
-    server, client = await start_server(store=f"sqlite:///{store}")
-    group = client.stub.StreamGroups()
-    fake_judge.set_faults(hang_rate=1.0)
-    await group.write(_request(0))
-    await group.write(_request(1))
-    await group.done_writing()
-    assert await asyncio.to_thread(fake_judge.wait_for_requests, 2, 30)
+    server, client, group = await _judging_a_group(start_server, fake_judge, store)
     with _write_lock(store):
         # The judge goes away: the hung passes fail and the group's end (masked) is
         # decided, but its commit cannot reach the file; it is tried again.

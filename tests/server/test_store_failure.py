@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
-from genrm_cohort_client import CohortError
+from genrm_cohort_client import CohortClient, CohortError
 
 from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.sqlite import SqliteStore
@@ -81,6 +81,18 @@ async def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def _refused_for_the_store(client: CohortClient) -> None:
+    """The last member, sent while the disk fails: STORE_UNAVAILABLE, never accepted."""
+    try:
+        await client.submit_member(_ref(SIZE - 1), PROMPT, _answer(SIZE - 1), timeout=60)
+    except (CohortError, grpc.RpcError) as exc:
+        details = call_error(exc)
+        assert details.code is grpc.StatusCode.UNAVAILABLE, details
+        assert details.reason == "STORE_UNAVAILABLE", details
+    else:
+        raise AssertionError("a member was accepted while its record was not stored")
+
+
 @pytest.mark.stores("sqlite")
 async def test_a_failing_disk_fails_the_call_judges_nothing_and_recovers_by_rewriting(
     start_server: StartServer, fake_judge: FakeJudgeServer
@@ -100,14 +112,7 @@ async def test_a_failing_disk_fails_the_call_judges_nothing_and_recovers_by_rewr
     with failing_disk(path):
         # The last member freezes the group, but its own write fails: its call gets
         # STORE_UNAVAILABLE, and nothing is judged from a state the store does not hold.
-        try:
-            await client.submit_member(_ref(SIZE - 1), PROMPT, _answer(SIZE - 1), timeout=60)
-        except (CohortError, grpc.RpcError) as exc:
-            details = call_error(exc)
-            assert details.code is grpc.StatusCode.UNAVAILABLE, details
-            assert details.reason == "STORE_UNAVAILABLE", details
-        else:
-            raise AssertionError("a member was accepted while its record was not stored")
+        await _refused_for_the_store(client)
         # The cohort's records are written again every REWRITE_DELAY_S; those fail too.
         await _until(lambda: server.runtime.stats()["store_failures"] >= 3)
         assert fake_judge.stats()["total"] == 0
@@ -146,14 +151,7 @@ async def test_a_failing_disk_fails_the_member_it_cannot_write_and_its_resend_go
     await _until(lambda: _count(path, "SELECT count(*) FROM members") == SIZE - 1)
 
     with failing_disk(path):
-        try:
-            await client.submit_member(_ref(SIZE - 1), PROMPT, _answer(SIZE - 1), timeout=60)
-        except (CohortError, grpc.RpcError) as exc:
-            details = call_error(exc)
-            assert details.code is grpc.StatusCode.UNAVAILABLE, details
-            assert details.reason == "STORE_UNAVAILABLE", details
-        else:
-            raise AssertionError("a member was accepted while its record was not stored")
+        await _refused_for_the_store(client)
         assert server.runtime.stats()["store_failures"] >= 1
         assert fake_judge.stats()["total"] == 0
         assert not any(call.done() for call in first)

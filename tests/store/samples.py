@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from genrm_grpc.cohort.model import (
     CohortKey,
     Completed,
@@ -12,13 +14,25 @@ from genrm_grpc.cohort.model import (
     Tombstone,
 )
 from genrm_grpc.cohort.records import VerdictRecord
+from genrm_grpc.cohort.registry import CohortRegistry
+from genrm_grpc.config import Settings
 from genrm_grpc.scoring.types import JudgedPair, Verdict
+from genrm_grpc.store.group_state import GroupState
+from genrm_grpc.store.memory import MemoryStore
 
 NOW = 1_800_000_000.0
 PROMPT = PromptSpec((("user", "What is 2+2?"), ("assistant", "hm")), "be right", None)
 KEY = CohortKey("group-a", None, 1)
 LEGACY = CohortKey(None, "t7:abc", 0)
 CTX = "c7" * 32
+
+
+def decide_on(state: GroupState, settings: Settings) -> tuple[CohortRegistry, float]:
+    """A registry holding only ``state``'s group, as a replica decides on it, and now."""
+    registry = CohortRegistry(settings, MemoryStore(settings))
+    now = time.time()
+    registry.restore(state.recovered, now)
+    return registry, now
 
 
 def digest(n: int) -> str:

@@ -16,9 +16,9 @@ from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.store.group_state import GroupState
 from genrm_grpc.store.local import LocalGroups
-from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.sqlite import SqliteStore
 from tests.cohort.support import sub
+from tests.store.samples import decide_on
 
 SETTINGS = Settings(
     store="memory://", runtime="groups", cohort_collection_timeout_s=60.0, max_terminal_cohorts=2
@@ -26,10 +26,7 @@ SETTINGS = Settings(
 
 
 def _decide(state: GroupState) -> tuple[CohortRegistry, float]:
-    registry = CohortRegistry(SETTINGS, MemoryStore(SETTINGS))
-    now = time.time()
-    registry.restore(state.recovered, now)
-    return registry, now
+    return decide_on(state, SETTINGS)
 
 
 async def _opened(path: Path) -> LocalGroups:

@@ -21,10 +21,10 @@ from genrm_grpc.config import Settings
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.store.group_state import GroupState
 from genrm_grpc.store.local import LocalGroups
-from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.redis import RedisStore
 from genrm_grpc.store.shared import SharedGroups
 from tests.cohort.support import sub
+from tests.store.samples import decide_on
 
 SETTINGS = Settings(store="memory://", cohort_collection_timeout_s=60.0)
 
@@ -62,10 +62,7 @@ def two_replicas(request: pytest.FixtureRequest) -> Pair:
 
 
 def _decide(state: GroupState) -> tuple[CohortRegistry, float]:
-    registry = CohortRegistry(SETTINGS, MemoryStore(SETTINGS))
-    now = time.time()
-    registry.restore(state.recovered, now)
-    return registry, now
+    return decide_on(state, SETTINGS)
 
 
 async def test_a_commit_on_a_stale_read_is_refused_and_writes_nothing(two_replicas: Pair) -> None:
