@@ -1,4 +1,6 @@
-"""The runtime of one replica among several sharing a Redis store (docs/scaling.md).
+"""The runtime of one replica among several sharing a Redis store (docs/scaling.md), and
+of a single process deciding as its deployment's one replica (``runtime: groups``, over
+``genrm_grpc.store.local``; what is said of Redis below holds for that store too).
 
 Every rule stays in the registry. What changes is where the state it decides on comes
 from: for each event a replica reads the group from Redis, restores it into a registry
@@ -214,8 +216,8 @@ class ReplicaRuntime:
         return recovered
 
     async def shutdown(self, grace_s: float) -> None:
-        """Drain: refuse new cohorts, let evaluations run for ``grace_s``, hand the rest
-        over to the other replicas (their leases are released), interrupt waiters."""
+        """Drain: refuse new cohorts, let evaluations run for ``grace_s``, fail the rest
+        (a store nothing outlives) or release their leases, interrupt the waiters."""
         self.registry.start_draining()
         await self.judging.grace(grace_s)
         if not self.store.survives_restart:
@@ -345,8 +347,9 @@ class ReplicaRuntime:
     async def submit(
         self, sub: Submission, *, on_progress: ProgressCallback | None = None
     ) -> Ticket:
-        """Decide a member on its group as Redis holds it; raises CallInterrupted
-        (STORE_UNAVAILABLE) when Redis cannot be read or written."""
+        """Decide a member on its group as the group store holds it; raises
+        CallInterrupted (STORE_UNAVAILABLE) when the store cannot be read or written,
+        SHUTTING_DOWN once this process stops."""
         if self._stopping.is_set():
             raise self._interruption()  # its decision could not be waited for any more
         try:

@@ -289,3 +289,20 @@ async def test_a_one_member_group_is_scored_in_the_commit_that_froze_it(
     assert replica.stats()["evaluating_here"] == 0 and judge.calls == 0
     resend = await replica.submit(sub(0, gid="solo", size=1, text="alone"))
     assert resend.disposition is Disposition.REPLAYED
+
+
+async def test_a_stop_on_a_store_nothing_outlives_fails_the_cohorts_as_memory_promises() -> None:
+    settings = Settings(store="memory://", runtime="groups")
+    runtime = ReplicaRuntime(
+        CohortRegistry(settings, MemoryStore(settings)),
+        InstantJudge(),
+        settings,
+        shared=LocalGroups(settings, lease_s=10),
+    )
+    await runtime.open()
+    ticket = await runtime.submit(sub(0, gid="left", size=2, text="only one"))
+    assert ticket.waiter is not None
+    await runtime.shutdown(0)
+    await runtime.close()
+    outcome = await asyncio.wait_for(ticket.waiter.wait(), 10)
+    assert isinstance(outcome, Failed) and outcome.reason == "server is shutting down"
