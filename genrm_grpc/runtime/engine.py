@@ -33,6 +33,7 @@ from genrm_grpc.observability.hooks import NullRuntimeObserver, RuntimeObserver
 from genrm_grpc.runtime.clock import Clock, LoopClock
 from genrm_grpc.runtime.judging import Judging
 from genrm_grpc.runtime.live import (
+    REWRITE_DELAY_S,
     CallInterrupted,
     Census,
     JudgeBackend,
@@ -51,9 +52,6 @@ from genrm_grpc.store.durable import DurableStore, MemoryDurable
 from genrm_grpc.store.records import StoreError
 
 log = logging.getLogger(__name__)
-
-#: After a failed write of a cohort's final records, how long until it is tried again.
-REWRITE_DELAY_S = 1.0
 
 
 class CohortRuntime:

@@ -144,7 +144,7 @@ class GroupDecisions:
         """A drain cancelled before its first step never runs its body: fail its ops."""
         if task.cancelled() and self._queues.get(key) is queue:
             del self._queues[key]
-            _fail(queue, asyncio.CancelledError())
+            _fail(queue, StoreError("cancelled"))
 
     async def _drain(self, key: CohortKey) -> None:
         # A group's members arrive over a few loop turns (one gRPC call each): wait a

@@ -6,7 +6,7 @@ versioned reads of one group, a compare-and-set commit, the evaluation lease, th
 deadline and orphan indexes, the outcome channel and the journal of passes. Two
 implementations satisfy it: ``genrm_grpc.store.shared.SharedGroups`` over Redis, and
 ``genrm_grpc.store.local.LocalGroups`` in process (``runtime: groups``: a single process
-as the one-replica case; nothing behind it yet, docs/architecture.md).
+as the one-replica case, with its SQLite file or nothing behind it, docs/architecture.md).
 """
 
 from __future__ import annotations

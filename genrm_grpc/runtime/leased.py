@@ -23,14 +23,11 @@ from genrm_grpc.cohort.records import Record, Recovered, RecoveredCohort, Verdic
 from genrm_grpc.runtime.group_decisions import GroupDecisions
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.judging import Judging
-from genrm_grpc.runtime.live import Live, RuntimeView
+from genrm_grpc.runtime.live import REWRITE_DELAY_S, Live, RuntimeView
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.records import StoreError
 
 log = logging.getLogger(__name__)
-
-#: After a failed commit of an evaluation's end, how long until it is tried again.
-REWRITE_DELAY_S = 1.0
 
 
 class LeasedEvaluations:

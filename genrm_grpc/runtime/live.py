@@ -138,6 +138,9 @@ ProgressCallback = Callable[[PairProgress], None]
 #: A complete cohort's passes are started in slices of this many, with a yield to the
 #: event loop in between, so that a large cohort never freezes the loop.
 START_SLICE = 256
+#: After a failed write of what a decision depends on (a cohort's final records, an
+#: evaluation's end), how long until it is tried again; both runtimes.
+REWRITE_DELAY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)

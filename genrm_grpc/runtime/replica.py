@@ -284,8 +284,8 @@ class ReplicaRuntime:
         shared = self.shared.stats
         return {
             **self.judging.stats(),
-            # Commits and journal writes that failed (the calls depending on a commit
-            # got STORE_UNAVAILABLE).
+            # Group commits that failed (the calls depending on one got STORE_UNAVAILABLE),
+            # and, in process, journal writes to the file behind.
             "store_failures": shared.failures,
             # The deployment's active cohorts as this replica last read them (the shared
             # counts); this process's registry holds none.

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from genrm_grpc.cohort.model import CohortKey
 from genrm_grpc.cohort.records import Recovered
 
+#: How long an ended cohort's outcome stays in its mailbox for waiters elsewhere (an
+#: explicit cohort's tombstone outlives it; a completed legacy cohort has none).
+MAILBOX_TTL_S = 600.0
+
 
 @dataclass(frozen=True, slots=True)
 class GroupState:

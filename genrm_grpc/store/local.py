@@ -38,6 +38,7 @@ to stand for two replicas of one deployment in one process.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 import uuid
@@ -52,14 +53,11 @@ from genrm_grpc.cohort.records import (
     VerdictRecord,
 )
 from genrm_grpc.store.durable import DurableStore
-from genrm_grpc.store.group_state import Committed, GroupState, SharedStats
+from genrm_grpc.store.group_state import MAILBOX_TTL_S, Committed, GroupState, SharedStats
 from genrm_grpc.store.lease import Lease, LeaseLostError
 from genrm_grpc.store.local_state import Group, Held, group_of
 from genrm_grpc.store.memory import StoreView
 from genrm_grpc.store.records import StoreError
-
-#: How long an ended cohort's outcome stays for waiters that were not told (as on Redis).
-MAILBOX_TTL_S = 600.0
 
 
 class LocalJournal:
@@ -189,15 +187,14 @@ class LocalGroups:
         self.stats.active_seen = state.active_total
         return GroupState(
             key=key,
-            version=str(group.version if group is not None else 0),
+            version=_version(group),
             recovered=Recovered(tuple(cohorts), tuple(tombstones), (mark,) if mark else ()),
             active_total=state.active_total,
             active_principal=state.active_by_principal.get(key.principal, 0),
         )
 
     async def version(self, key: CohortKey) -> str:
-        group = await self._settled(key)
-        return str(group.version if group is not None else 0)
+        return _version(await self._settled(key))
 
     async def _settled(self, key: CohortKey) -> Group | None:
         """``key``'s group once no commit of it is being written (its version counts)."""
@@ -281,8 +278,7 @@ class LocalGroups:
         token = 0
         lease_of = evaluate if evaluate is not None else collect
         if lease_of is not None and not held.group(lease_of).lease_held():
-            token = next(held.tokens)
-            held.group(lease_of).lease = (self._value(token), time.monotonic() + self.lease_s)
+            token = self._take(lease_of).token
         if evaluate is not None:
             held.evaluations.file(evaluate, now + self.lease_s)
         held.expire_mailboxes(now)
@@ -309,14 +305,20 @@ class LocalGroups:
             pending.set_result(None)
 
     # ------------------------------------------------------------------ evaluation leases
-    def _value(self, token: int) -> str:
-        return f"{token}:{self.replica}"
+    def _take(self, key: CohortKey) -> Lease:
+        """A new evaluation lease on ``key``'s group, with the next fencing token."""
+        lease = self.lease_for(key, next(self.state.tokens))
+        self.state.group(key).lease = lease
+        return lease
 
     def holds(self, lease: Lease) -> bool:
         """``lease`` is its group's current evaluation lease."""
         group = self.state.groups.get(lease.scope)
         held = group.lease if group is not None else None
-        return held is not None and held[1] > time.monotonic() and held[0] == lease.value
+        # By value (token and holder), as on Redis: a renewal changes only its expiry.
+        return (
+            held is not None and held.valid_until > time.monotonic() and held.value == lease.value
+        )
 
     def lease_for(self, key: CohortKey, token: int, taken_at: float | None = None) -> Lease:
         """This process's lease ``token`` on ``key``'s evaluation, valid for ``lease_s``
@@ -327,26 +329,23 @@ class LocalGroups:
 
     async def claim(self, key: CohortKey) -> Lease | None:
         """Take over an evaluation whose lease is gone; None when it is held."""
-        group = self.state.group(key)
-        if group.lease_held():
+        if self.state.group(key).lease_held():
             return None
-        started = time.monotonic()
-        token = next(self.state.tokens)
-        group.lease = (self._value(token), started + self.lease_s)
+        lease = self._take(key)
         self.state.evaluations.file(key, time.time() + self.lease_s)
         self.stats.takeovers += 1
-        return self.lease_for(key, token, started)
+        return lease
 
     async def renew(self, key: CohortKey, lease: Lease) -> Lease | None:
         """The lease extended by ``lease_s``; None when it is no longer this holder's."""
         if not self.holds(lease):
             self.stats.leases_lost += 1
             return None
-        started = time.monotonic()
-        self.state.group(key).lease = (lease.value, started + self.lease_s)
+        renewed = dataclasses.replace(lease, valid_until=time.monotonic() + self.lease_s)
+        self.state.group(key).lease = renewed
         self.state.evaluations.refile(key, time.time() + self.lease_s)
         self.stats.renewals += 1
-        return Lease(lease.scope, lease.owner, lease.token, started + self.lease_s, key=lease.key)
+        return renewed
 
     async def release(self, key: CohortKey, lease: Lease) -> None:
         """Give an unfinished evaluation to whoever looks next (its entry is due at once)."""
@@ -372,6 +371,10 @@ class LocalGroups:
             await stopping.wait()
         finally:
             self.state.listeners.remove(listener)
+
+
+def _version(group: Group | None) -> str:
+    return str(group.version if group is not None else 0)
 
 
 def _ignore(key: CohortKey) -> None:

@@ -28,6 +28,7 @@ from genrm_grpc.cohort.records import (
     VerdictRecord,
     WatermarkRecord,
 )
+from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.memory import StoreView
 from genrm_grpc.store.redis_keys import key_text
 
@@ -60,8 +61,8 @@ class Group:
     active: int = 0  # active cohorts with a header
     tombstones: int = 0
     watermark: WatermarkRecord | None = None
-    #: The evaluation lease: ``"<token>:<owner>"`` and its expiry (``time.monotonic``).
-    lease: tuple[str, float] | None = None
+    #: The evaluation lease, held until its ``valid_until`` (``time.monotonic``).
+    lease: Lease | None = None
     #: A commit being written to the file behind: reads wait for it.
     pending: asyncio.Future[None] | None = None
 
@@ -70,7 +71,7 @@ class Group:
         return not (held or self.lease_held())
 
     def lease_held(self) -> bool:
-        return self.lease is not None and self.lease[1] > time.monotonic()
+        return self.lease is not None and self.lease.valid_until > time.monotonic()
 
 
 class Index:
@@ -131,27 +132,34 @@ class Held:
         self.listeners: list[tuple[Callable[[CohortKey], None], Callable[[CohortKey], None]]] = []
 
     def group(self, key: CohortKey) -> Group:
-        gid = group_of(key)
+        return self._group(group_of(key))
+
+    def _group(self, gid: GroupId) -> Group:
         group = self.groups.get(gid)
         if group is None:
             group = self.groups[gid] = Group()
         return group
 
     def forget_if_idle(self, key: CohortKey) -> None:
-        gid = group_of(key)
+        self._forget_if_idle(group_of(key))
+
+    def _forget_if_idle(self, gid: GroupId) -> None:
         group = self.groups.get(gid)
         if group is not None and group.idle():
             del self.groups[gid]
+
+    def _active(self, key: CohortKey) -> Active:
+        active = self.cohorts.get(key)
+        if active is None:
+            active = self.cohorts[key] = Active()
+        return active
 
     # ------------------------------------------------------------------ records
     def apply(self, records: Sequence[Record]) -> None:
         """Write ``records`` as the Redis store's ops do (``genrm_grpc.store.lua``)."""
         for record in records:
             if isinstance(record, MemberRecord):
-                active = self.cohorts.get(record.key)
-                if active is None:
-                    active = self.cohorts[record.key] = Active()
-                active.members[record.coords.rollout_index] = record
+                self._active(record.key).members[record.coords.rollout_index] = record
             elif isinstance(record, CohortRecord):
                 self._header(record)
             elif isinstance(record, VerdictRecord):
@@ -171,9 +179,7 @@ class Held:
 
     def _header(self, record: CohortRecord) -> None:
         key = record.key
-        active = self.cohorts.get(key)
-        if active is None:
-            active = self.cohorts[key] = Active()
+        active = self._active(key)
         if active.header is None:
             self.group(key).active += 1
             self._count(key, 1)
@@ -229,15 +235,14 @@ class Held:
         if old is not None and old.attempt > record.attempt:
             record = WatermarkRecord(record.scope, old.attempt, record.expires_at)
         marks[record.scope] = record
-        self.groups.setdefault(record.scope, Group()).watermark = record
+        self._group(record.scope).watermark = record
 
     def _drop_watermark(self, scope: str) -> None:
         self.watermarks.pop(scope, None)
         group = self.groups.get(scope)
         if group is not None:
             group.watermark = None
-            if group.idle():
-                del self.groups[scope]
+            self._forget_if_idle(scope)
 
     def retention(self, records: Sequence[Record], now: float) -> list[Record]:
         """What retention drops once ``records`` are written: expired tombstones (with

@@ -69,7 +69,7 @@ from genrm_grpc.cohort.records import (
     VerdictRecord,
 )
 from genrm_grpc.store import channel
-from genrm_grpc.store.group_state import Committed, GroupState, SharedStats
+from genrm_grpc.store.group_state import MAILBOX_TTL_S, Committed, GroupState, SharedStats
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.lua import CENSUS, CLAIM, COMMIT, LOAD, RELEASE, RENEW
 from genrm_grpc.store.records import StoreError, keep_recent
@@ -91,9 +91,6 @@ from genrm_grpc.store.redis_keys import key_from, key_text
 
 log = logging.getLogger(__name__)
 
-#: How long an ended cohort's outcome stays in its mailbox for other replicas' waiters
-#: (an explicit cohort's tombstone outlives it; a completed legacy cohort has none).
-MAILBOX_TTL_S = 600.0
 #: How long a group's version counter outlives its last commit.
 VERSION_TTL_S = 86_400.0
 

@@ -50,8 +50,8 @@ from genrm_grpc.cohort.records import Record
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput
-from genrm_grpc.runtime.engine import REWRITE_DELAY_S, CohortRuntime
-from genrm_grpc.runtime.live import CallInterrupted
+from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.live import REWRITE_DELAY_S, CallInterrupted
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.records import StoreError, decode_key

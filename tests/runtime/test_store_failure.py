@@ -21,8 +21,8 @@ from genrm_grpc.cohort.records import (
     WatermarkRecord,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition
-from genrm_grpc.runtime.engine import REWRITE_DELAY_S, CohortRuntime
-from genrm_grpc.runtime.live import CallInterrupted, Ticket
+from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.live import REWRITE_DELAY_S, CallInterrupted, Ticket
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.records import StoreError
 from genrm_grpc.testing import ManualClock
