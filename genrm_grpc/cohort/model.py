@@ -357,6 +357,18 @@ class Tombstone:
             self._outcome = Failed(reason=str(reason), legacy=bool(legacy_failure))
         return self
 
+    def outcome_only(self) -> Tombstone:
+        """This tombstone without the members' digests (what an outcome mailbox keeps),
+        sharing its packed outcome: nothing is packed again."""
+        kept = Tombstone.__new__(Tombstone)
+        kept.key = self.key
+        kept.group_size = self.group_size
+        kept.prompt_digest = self.prompt_digest
+        kept.finished_at = self.finished_at
+        kept._digests = _ABSENT * self.group_size
+        kept._outcome = self._outcome
+        return kept
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Tombstone):
             return NotImplemented

@@ -23,7 +23,8 @@ files.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from genrm_grpc.cohort.active import ActiveCohorts
@@ -150,7 +151,7 @@ class CohortRegistry:
         #: (its tombstone and the drops): the runtime sets this from the store.
         self.journal_active = True
         self._outbox: list[Record] = []
-        store.on_evict = self._evicted
+        store.on_evict = _evictions_of(self)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -521,3 +522,17 @@ class CohortRegistry:
         if quota is not None and self._active.held_by(sub.key.principal) - superseded >= quota:
             return principal_quota_exhausted(sub, quota)
         return None
+
+
+def _evictions_of(registry: CohortRegistry) -> Callable[[str, CohortKey | str], None]:
+    """The store's eviction callback, holding ``registry`` weakly: a registry and its
+    store form no reference cycle, so a one-group registry (a decision's) is freed as
+    soon as it is dropped, not by a pass of the cyclic garbage collector."""
+    method = weakref.WeakMethod(registry._evicted)
+
+    def evicted(kind: str, key: CohortKey | str) -> None:
+        bound = method()
+        if bound is not None:
+            bound(kind, key)
+
+    return evicted

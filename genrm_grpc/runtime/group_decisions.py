@@ -11,7 +11,8 @@ runtime's, through the ``committed`` callback.
 
 - **Batching.** Events for the same cohort key that arrive within ``BATCH_WINDOW_S`` of
   the first, or while a decision about it is in flight, are decided together and
-  committed in one round trip: one commit per burst, not per member.
+  committed in one round trip: one commit per burst, not per member. A 1-member
+  group's member, which has no sibling to wait for, is decided at once.
 - **No read after its own commit.** The state a replica's commit leaves is kept (the
   version read plus one, the registry with the decisions applied) and the next burst
   for that key is decided on it without a read. A commit still checks the version; a
@@ -22,7 +23,6 @@ runtime's, through the ``committed`` callback.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import random
 import time
@@ -31,9 +31,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from genrm_grpc.cohort.events import Decision, GroupEvent, NotActive, apply
+from genrm_grpc.cohort.events import Decision, GroupEvent, MemberArrived, NotActive, apply
 from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
-from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record
+from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record, TombstoneRecord
 from genrm_grpc.cohort.registry import CohortRegistry, Ended, RegistryView, SubmitDecision
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.live import RuntimeView
@@ -136,7 +136,7 @@ class GroupDecisions:
             queue.append(op)
         else:
             queue = self._queues[key] = [op]
-            task = self._own(self._drain(key), name=f"decide {key}")
+            task = self._own(self._drain(key, _waits_for_siblings(event)), name=f"decide {key}")
             task.add_done_callback(lambda done: self._never_ran(key, queue, done))
         return await op.future
 
@@ -146,10 +146,11 @@ class GroupDecisions:
             del self._queues[key]
             _fail(queue, StoreError("cancelled"))
 
-    async def _drain(self, key: CohortKey) -> None:
+    async def _drain(self, key: CohortKey, window: bool) -> None:
         # A group's members arrive over a few loop turns (one gRPC call each): wait a
         # moment before the first read so that they are decided and committed together.
-        await asyncio.sleep(BATCH_WINDOW_S)
+        if window:
+            await asyncio.sleep(BATCH_WINDOW_S)
         while True:
             ops = self._queues.get(key)
             if not ops:
@@ -191,7 +192,7 @@ class GroupDecisions:
                 committed = await self.shared.commit(
                     state,
                     done.records,
-                    ended=[mailbox(cohort, now) for cohort in done.ended],
+                    ended=done.mailboxes(now),
                     evaluate=done.frozen.key if done.frozen is not None else None,
                     collect=collect,
                     grown=grown,
@@ -205,7 +206,7 @@ class GroupDecisions:
                     await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 20)))
                     continue
                 token = committed.token
-                state = dataclasses.replace(state, version=str(int(state.version) + 1))
+                state = state.at_version(committed.version)
             self._keep_state(key, state, registry, done)
             evaluate = done.frozen.key if done.frozen is not None else collect
             judge_here = None
@@ -232,17 +233,18 @@ class GroupDecisions:
         else:
             state = await self.shared.load(key)
             registry, now = self.scratch(state)
-        state = dataclasses.replace(
-            state, known_active=frozenset(c.key for c in registry.active_cohorts())
-        )
+        state = state.knowing(frozenset(c.key for c in registry.active_cohorts()))
         return state, registry, now, cached is not None
 
     def _keep_state(
         self, key: CohortKey, state: GroupState, registry: CohortRegistry, done: Decided
     ) -> None:
         """Remember the committed state for the next decision on ``key`` (no read then),
-        unless other replicas write the group too or a decision raised."""
+        unless other replicas write the group too, a decision raised, or the group holds
+        no active cohort any more (a later event, a resend, is rare: it reads)."""
         if key in self._shared_keys or any(isinstance(r, Exception) for r in done.decisions):
+            return
+        if not registry.active_count():
             return
         self._states[key] = (state, registry)
         if len(self._states) > STATE_CACHE:
@@ -283,6 +285,19 @@ class Decided:
     records: list[Record] = field(default_factory=list)
     ended: list[Cohort] = field(default_factory=list)
     frozen: Cohort | None = None
+
+    def mailboxes(self, now: float) -> list[Tombstone]:
+        """What the outcome mailboxes keep of the ended cohorts: the outcome of the
+        tombstone the decision wrote (packed once), or of the cohort when it left none
+        (a completed legacy cohort)."""
+        written = {
+            r.tombstone.key: r.tombstone for r in self.records if isinstance(r, TombstoneRecord)
+        }
+        boxes = []
+        for cohort in self.ended:
+            tomb = written.get(cohort.key)
+            boxes.append(tomb.outcome_only() if tomb is not None else mailbox(cohort, now))
+        return boxes
 
 
 def decide_ops(
@@ -325,6 +340,12 @@ def _settle(done: Decided, registry: CohortRegistry, now: float, settle: Settle 
         done.records.extend(ended.records)
         done.ended.extend(ended)
         done.frozen = None
+
+
+def _waits_for_siblings(event: GroupEvent) -> bool:
+    """Whether a decision starting with ``event`` waits ``BATCH_WINDOW_S`` for the
+    group's other members: not for a 1-member group's (it has none)."""
+    return not (isinstance(event, MemberArrived) and event.sub.group_size == 1)
 
 
 def _fail(ops: list[Op], exc: BaseException) -> None:

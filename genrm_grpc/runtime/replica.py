@@ -51,10 +51,10 @@ from genrm_grpc.cohort.model import (
     Cohort,
     CohortKey,
     Completed,
+    Outcome,
     PromptSpec,
     Reason,
     Submission,
-    Tombstone,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
 from genrm_grpc.observability.hooks import NullRuntimeObserver, RuntimeObserver
@@ -62,7 +62,6 @@ from genrm_grpc.runtime.group_decisions import (
     Decided,
     GroupDecisions,
     GroupView,
-    mailbox,
 )
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.judging import Judging
@@ -332,7 +331,7 @@ class ReplicaRuntime:
             log_outcome(
                 self._observer, cohort, cohort.outcome, self.judging.waiting(cohort.key), age_s
             )
-            self._end_here(cohort.key, mailbox(cohort, now))
+            self._end_here(cohort.key, now, cohort.outcome)
         if judge_here is not None:
             self.evaluations.start(*judge_here)
 
@@ -403,14 +402,14 @@ class ReplicaRuntime:
             raise store_unavailable("this cancellation", exc) from exc
 
     # ------------------------------------------------------------------ outcomes
-    def _end_here(self, key: CohortKey, tomb: Tombstone) -> None:
+    def _end_here(self, key: CohortKey, finished_at: float, outcome: Outcome) -> None:
         """Hand an ended cohort's outcome to this replica's waiters; stop its work here."""
         live = self._live.get(key)
         if live is None:
             return
-        if tomb.finished_at < live.cohort.created_at:
+        if finished_at < live.cohort.created_at:
             return  # an earlier cohort under the same (legacy) key
-        deliver(self.judging.retire(key) or [], tomb.outcome)
+        deliver(self.judging.retire(key) or [], outcome)
 
     def _on_ended(self, key: CohortKey) -> None:
         self._recent_ends[key] = None
@@ -445,7 +444,7 @@ class ReplicaRuntime:
                 await asyncio.sleep(SWEEP_S)
                 continue
             for key, tomb in found.items():
-                self._end_here(key, tomb)
+                self._end_here(key, tomb.finished_at, tomb.outcome)
 
     # ------------------------------------------------------------------ sweeps
     async def _sweep(self) -> None:

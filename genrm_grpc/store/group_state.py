@@ -32,6 +32,23 @@ class GroupState:
     #: (a replica deciding on the state of its own last commit).
     known_active: frozenset[CohortKey] | None = None
 
+    def at_version(self, version: str) -> GroupState:
+        """This state as a commit left it, at ``version``."""
+        return GroupState(
+            self.key,
+            version,
+            self.recovered,
+            self.active_total,
+            self.active_principal,
+            self.known_active,
+        )
+
+    def knowing(self, active: frozenset[CohortKey]) -> GroupState:
+        """This state with its active cohorts known to be ``active``."""
+        return GroupState(
+            self.key, self.version, self.recovered, self.active_total, self.active_principal, active
+        )
+
     @property
     def active_keys(self) -> frozenset[CohortKey]:
         if self.known_active is not None:
@@ -41,11 +58,14 @@ class GroupState:
 
 @dataclass(frozen=True, slots=True)
 class Committed:
-    """``written``: the records are in the store. ``token``: the evaluation lease it took."""
+    """``written``: the records are in the store. ``token``: the evaluation lease it took.
+    ``version``: the group's version after the commit (a store decides how versions
+    grow), what the next decision on the state it left must be checked against."""
 
     written: bool
     lease_lost: bool = False
     token: int = 0
+    version: str = ""
 
 
 @dataclass

@@ -218,9 +218,9 @@ class LocalGroups:
         now = time.time()
         found: dict[CohortKey, Tombstone] = {}
         for key in keys:
-            mailbox = state.mailboxes.get(key)
-            if mailbox is not None and mailbox[1] > now:
-                found[key] = mailbox[0]
+            mailbox = state.unexpired_mailbox(key, now)
+            if mailbox is not None:
+                found[key] = mailbox
                 continue
             tomb = state.unexpired_tombstone(key, now)
             if tomb is not None:
@@ -273,8 +273,7 @@ class LocalGroups:
             await self._write(group, records)  # StoreError: nothing of it is held
         held.apply(records)
         for tomb in ended:
-            held.mailboxes.pop(tomb.key, None)
-            held.mailboxes[tomb.key] = (tomb, now + MAILBOX_TTL_S)
+            held.mailbox(tomb, now + MAILBOX_TTL_S)
         token = 0
         lease_of = evaluate if evaluate is not None else collect
         if lease_of is not None and not held.group(lease_of).lease_held():
@@ -284,7 +283,7 @@ class LocalGroups:
         held.expire_mailboxes(now)
         held.forget_if_idle(key)
         held.publish([tomb.key for tomb in ended], grown)
-        return Committed(True, token=token)
+        return Committed(True, token=token, version=str(group.version))
 
     async def _write(self, group: Group, records: Sequence[Record]) -> None:
         """Write a commit to the file behind; the group's reads wait for it meanwhile.

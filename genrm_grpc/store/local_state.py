@@ -119,9 +119,12 @@ class Held:
         self.max_tombstones = config.max_terminal_cohorts
         self.groups: dict[GroupId, Group] = {}
         self.cohorts: dict[CohortKey, Active] = {}
-        self.tombstones: OrderedDict[CohortKey, TombstoneRecord] = OrderedDict()
+        #: Tombstones and mailboxes hold each outcome as its ``Tombstone.record()``
+        #: bytes (with the instant it goes), which the cyclic garbage collector does not
+        #: track: tens of thousands retained add nothing to a collection (as memory://).
+        self.tombstones: OrderedDict[CohortKey, tuple[float, bytes]] = OrderedDict()
         self.watermarks: OrderedDict[str, WatermarkRecord] = OrderedDict()
-        self.mailboxes: OrderedDict[CohortKey, tuple[Tombstone, float]] = OrderedDict()
+        self.mailboxes: OrderedDict[CohortKey, tuple[bytes, float]] = OrderedDict()
         self.journal = VerdictJournal()
         self.deadlines = Index()
         self.evaluations = Index()
@@ -212,11 +215,11 @@ class Held:
             by.pop(key.principal, None)
 
     def _tombstone(self, record: TombstoneRecord) -> None:
-        key = record.tombstone.key
+        tomb = record.tombstone
+        key = tomb.key
         if self.tombstones.pop(key, None) is None:
             self.group(key).tombstones += 1
-        self.tombstones[key] = record
-        tomb = record.tombstone
+        self.tombstones[key] = (record.expires_at, tomb.record())
         if not tomb.masked and tomb.failed is None:
             # As memory:// always did: a completed cohort's verdicts are rarely asked
             # again, and kept they would cost ~100 objects per retained cohort; masked
@@ -259,8 +262,8 @@ class Held:
         count = len(tombs) + sum(1 for key in written if key not in tombs)
         count -= sum(1 for key in gone if key in tombs and key not in written)
         drops: list[Record] = []
-        for key, tomb in tombs.items():
-            if tomb.expires_at > now and count <= self.max_tombstones:
+        for key, (expires_at, _) in tombs.items():
+            if expires_at > now and count <= self.max_tombstones:
                 break
             if key in written or key in gone:
                 continue
@@ -300,8 +303,19 @@ class Held:
         return mark if mark is not None and mark.expires_at > now else None
 
     def unexpired_tombstone(self, key: CohortKey, now: float) -> TombstoneRecord | None:
-        tomb = self.tombstones.get(key)
-        return tomb if tomb is not None and tomb.expires_at > now else None
+        kept = self.tombstones.get(key)
+        if kept is None or kept[0] <= now:
+            return None
+        return TombstoneRecord(Tombstone.from_record(kept[1]), kept[0])
+
+    def mailbox(self, tomb: Tombstone, until: float) -> None:
+        """Keep ``tomb``'s outcome in its cohort's mailbox until ``until``."""
+        self.mailboxes.pop(tomb.key, None)
+        self.mailboxes[tomb.key] = (tomb.record(), until)
+
+    def unexpired_mailbox(self, key: CohortKey, now: float) -> Tombstone | None:
+        kept = self.mailboxes.get(key)
+        return Tombstone.from_record(kept[0]) if kept is not None and kept[1] > now else None
 
     # ------------------------------------------------------------------ fan-out
     def publish(self, ended: Sequence[CohortKey], grown: Sequence[CohortKey]) -> None:

@@ -330,7 +330,8 @@ class SharedGroups:
         if status == -1:
             self.stats.leases_lost += 1
             return Committed(False, lease_lost=True)
-        return Committed(True, token=token)
+        # The script raises the group's version by one (INCR).
+        return Committed(True, token=token, version=str(int(state.version) + 1))
 
     def _message_ops(
         self,

@@ -931,3 +931,25 @@ def test_tombstones_never_exceed_max_terminal_cohorts_even_without_submissions()
     # The newest are kept (insertion order is finish order).
     kept = [c for c in cohorts if c is not None and store.tombstone(c.key, T0 + COLLECTION_S)]
     assert kept == cohorts[-4:]
+
+
+def test_a_dropped_registry_is_freed_at_once_not_by_the_cyclic_collector() -> None:
+    """A decision's one-group registry and its store form no reference cycle (the
+    store's eviction callback holds the registry weakly): dropping it frees it, and the
+    retention it still does reaches its outbox."""
+    import gc
+    import weakref
+
+    settings = Settings(max_terminal_cohorts=1)
+    store = MemoryStore(settings)
+    reg = CohortRegistry(settings, store)
+    gc.disable()
+    try:
+        gone = weakref.ref(reg)
+        del reg
+        assert gone() is None
+    finally:
+        gc.enable()
+    kept = CohortRegistry(settings, MemoryStore(settings))
+    kept.store.on_evict("watermark", "scope")
+    assert [type(r).__name__ for r in kept._outbox] == ["DropWatermark"]

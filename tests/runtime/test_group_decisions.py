@@ -64,3 +64,24 @@ async def test_events_queued_behind_a_cancelled_decision_fail_with_it() -> None:
     for call in (first, second):
         with pytest.raises(StoreError, match="cancelled"):
             await asyncio.wait_for(call, 5)
+
+
+async def test_a_one_member_groups_member_is_decided_without_the_batch_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It has no sibling to wait for: decided in the loop turns that follow, while a
+    larger group's first member waits out the window for the others."""
+    monkeypatch.setattr("genrm_grpc.runtime.group_decisions.BATCH_WINDOW_S", 3600.0)
+    decisions, owned = _decisions()
+    alone = sub(0, gid="solo", size=1)
+    decided = await asyncio.wait_for(decisions.apply(alone.key, MemberArrived(alone)), 5)
+    assert decided is not None
+    first = sub(0, gid="big", size=2)
+    waiting = asyncio.ensure_future(decisions.apply(first.key, MemberArrived(first)))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    for task in owned:
+        task.cancel()
+    with pytest.raises(StoreError):
+        await waiting

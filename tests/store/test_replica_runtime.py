@@ -158,6 +158,22 @@ async def test_a_replica_never_answers_from_the_state_of_its_own_last_commit_onc
     assert one.shared.stats.loads >= 2
 
 
+async def test_a_commit_on_another_group_in_between_costs_no_read_and_no_conflict(
+    deployment: Make,
+) -> None:
+    """The state a commit leaves is at the version the store answered: on the in-process
+    store versions come from one counter for every group, so another group's commit in
+    between must not make the next decision on this group conflict and decide again."""
+    replica = await deployment()
+    await replica.submit(sub(0, gid="other", size=SIZE, text="other"))
+    await replica.submit(sub(0, gid="g", size=SIZE, text="zero"))
+    await replica.submit(sub(1, gid="other", size=SIZE, text="other-1"))
+    loads, conflicts = replica.shared.stats.loads, replica.shared.stats.conflicts
+    second = await replica.submit(sub(1, gid="g", size=SIZE, text="one"))
+    assert second.disposition is Disposition.ACCEPTED
+    assert (replica.shared.stats.loads, replica.shared.stats.conflicts) == (loads, conflicts)
+
+
 class HangingJudge:
     """Never answers; counts the calls it got and those cancelled while waiting."""
 
