@@ -24,6 +24,7 @@ KEPT_SECTIONS = (
     "judge-farm",
     "judge-tokens",
     "vs-nemo-gym",
+    "runtimes",
 )
 TARGETS = {
     "cpu_per_judge_call_us": 300.0,

@@ -270,7 +270,15 @@ class Tombstone:
     about ten tracked objects); ``from_record`` rebuilds it for a lookup.
     """
 
-    __slots__ = ("_digests", "_outcome", "finished_at", "group_size", "key", "prompt_digest")
+    __slots__ = (
+        "_digests",
+        "_outcome",
+        "_record",
+        "finished_at",
+        "group_size",
+        "key",
+        "prompt_digest",
+    )
 
     def __init__(
         self,
@@ -292,9 +300,19 @@ class Tombstone:
         self._outcome: PackedCompleted | Masked | Failed = (
             PackedCompleted(outcome) if isinstance(outcome, Completed) else outcome
         )
+        self._record: bytes | None = None
 
     def record(self) -> bytes:
-        """This tombstone as one ``bytes`` (not tracked by the cyclic GC); see from_record."""
+        """This tombstone as one ``bytes`` (not tracked by the cyclic GC); see from_record.
+
+        Made once: a tombstone never changes, and the registry's store, the group store
+        and an outcome mailbox all keep the same bytes."""
+        made = self._record
+        if made is None:
+            made = self._record = self._pack()
+        return made
+
+    def _pack(self) -> bytes:
         kept = self._outcome
         outcome: tuple[Any, ...]
         if isinstance(kept, PackedCompleted):
@@ -341,6 +359,7 @@ class Tombstone:
         self.prompt_digest = prompt.hex() if isinstance(prompt, bytes) else prompt
         self.finished_at = finished
         self._digests = digests
+        self._record = record if version == RECORD_VERSION and isinstance(record, bytes) else None
         if kind == "c":
             self._outcome = PackedCompleted.from_fields(tuple(rest), version)
         elif kind == "m":
@@ -356,18 +375,6 @@ class Tombstone:
             reason, legacy_failure = rest
             self._outcome = Failed(reason=str(reason), legacy=bool(legacy_failure))
         return self
-
-    def outcome_only(self) -> Tombstone:
-        """This tombstone without the members' digests (what an outcome mailbox keeps),
-        sharing its packed outcome: nothing is packed again."""
-        kept = Tombstone.__new__(Tombstone)
-        kept.key = self.key
-        kept.group_size = self.group_size
-        kept.prompt_digest = self.prompt_digest
-        kept.finished_at = self.finished_at
-        kept._digests = _ABSENT * self.group_size
-        kept._outcome = self._outcome
-        return kept
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Tombstone):

@@ -287,16 +287,16 @@ class Decided:
     frozen: Cohort | None = None
 
     def mailboxes(self, now: float) -> list[Tombstone]:
-        """What the outcome mailboxes keep of the ended cohorts: the outcome of the
-        tombstone the decision wrote (packed once), or of the cohort when it left none
-        (a completed legacy cohort)."""
+        """What the outcome mailboxes keep of the ended cohorts: the tombstone the
+        decision wrote (its record made once serves both), or the cohort's outcome when
+        it left none (a completed legacy cohort)."""
         written = {
             r.tombstone.key: r.tombstone for r in self.records if isinstance(r, TombstoneRecord)
         }
         boxes = []
         for cohort in self.ended:
             tomb = written.get(cohort.key)
-            boxes.append(tomb.outcome_only() if tomb is not None else mailbox(cohort, now))
+            boxes.append(tomb if tomb is not None else mailbox(cohort, now))
         return boxes
 
 
