@@ -14,7 +14,7 @@ runtime's, through the ``committed`` callback.
   committed in one round trip: one commit per burst, not per member. A 1-member
   group's member, which has no sibling to wait for, is decided at once.
 - **No read after its own commit.** The state a replica's commit leaves is kept (the
-  version read plus one, the registry with the decisions applied) and the next burst
+  version the commit answered, the registry with the decisions applied) and the next burst
   for that key is decided on it without a read. A commit still checks the version; a
   decision that writes nothing checks it with one ``GET`` first. A key another replica
   wrote in between is read before every later decision.

@@ -309,9 +309,15 @@ class Held:
         return TombstoneRecord(Tombstone.from_record(kept[1]), kept[0])
 
     def mailbox(self, tomb: Tombstone, until: float) -> None:
-        """Keep ``tomb``'s outcome in its cohort's mailbox until ``until``."""
-        self.mailboxes.pop(tomb.key, None)
-        self.mailboxes[tomb.key] = (tomb.record(), until)
+        """Keep ``tomb``'s outcome in its cohort's mailbox until ``until``, and no more
+        mailboxes than ``max_terminal_cohorts`` (the oldest go first): a busy process
+        ends far more cohorts in ``MAILBOX_TTL_S`` than it keeps tombstones. The bytes
+        are the tombstone's own record, so an explicit cohort's costs nothing twice."""
+        boxes = self.mailboxes
+        boxes.pop(tomb.key, None)
+        boxes[tomb.key] = (tomb.record(), until)
+        while len(boxes) > self.max_tombstones:
+            boxes.popitem(last=False)
 
     def unexpired_mailbox(self, key: CohortKey, now: float) -> Tombstone | None:
         kept = self.mailboxes.get(key)

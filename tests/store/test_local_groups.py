@@ -2,7 +2,8 @@
 
 What the file must hold is read back by a second ``LocalGroups`` on the same file (a
 restart); the one interleaving that matters (a read while a commit is being written) is
-held for real with SQLite's write lock from a second connection.
+held for real with SQLite's write lock from a second connection. Last, the bound on
+what the store keeps in memory for waiters (the outcome mailboxes).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import sqlite3
 import time
 from pathlib import Path
 
+from genrm_grpc.cohort.model import Failed, Tombstone
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.store.group_state import GroupState
 from genrm_grpc.store.local import LocalGroups
+from genrm_grpc.store.local_state import Held
 from genrm_grpc.store.sqlite import SqliteStore
 from tests.cohort.support import sub
 from tests.store.samples import decide_on
@@ -105,3 +108,15 @@ async def test_a_read_waits_for_the_commit_being_written_and_sees_it(tmp_path: P
     assert seen.version != state.version
     assert [c.header.key for c in seen.recovered.cohorts] == [key]
     await groups.store.close()
+
+
+def test_outcome_mailboxes_are_bounded_by_max_terminal_cohorts_oldest_first() -> None:
+    """A busy process ends far more cohorts within the mailbox TTL than it keeps
+    tombstones; the mailboxes keep no more than ``max_terminal_cohorts`` either."""
+    held = Held(SETTINGS)  # max_terminal_cohorts=2
+    keys = [sub(0, gid=f"m{n}").key for n in range(3)]
+    for key in keys:
+        held.mailbox(Tombstone(key, 3, "ab" * 32, {}, Failed("gone"), 0.0), time.time() + 600)
+    found = [held.unexpired_mailbox(key, time.time()) for key in keys]
+    assert found[0] is None
+    assert [t.key for t in found[1:] if t is not None] == keys[1:]
