@@ -72,10 +72,12 @@ from genrm_grpc.cohort.recording import (
     tombstone_of,
 )
 from genrm_grpc.cohort.records import (
+    CohortRecord,
     CohortStore,
     DropCohort,
     DropTombstone,
     DropWatermark,
+    MemberRecord,
     Record,
     Recovered,
     TombstoneRecord,
@@ -412,7 +414,7 @@ class CohortRegistry:
             fill(cohort, now + self.config.cohort_evaluation_timeout_s)
             self._active.froze()
             if journal:
-                self._outbox.append(cohort_record(cohort, self.wall_offset))
+                self._header(cohort)
             frozen = True
         return SubmitDecision(Disposition.ACCEPTED, cohort=cohort, frozen=frozen)
 
@@ -420,7 +422,38 @@ class CohortRegistry:
         self.store.raise_watermark(scope, attempt, now)
         if self.journal_active:
             expires = now + self.config.cohort_result_ttl_s + self.wall_offset
-            self._outbox.append(WatermarkRecord(scope, attempt, expires))
+            outbox = self._outbox
+            for i, record in enumerate(outbox):
+                # One watermark per scope and decision, at the highest attempt it names
+                # (an older attempt ended by the newer one's arrival raises it again).
+                if isinstance(record, WatermarkRecord) and record.scope == scope:
+                    attempt = max(attempt, record.attempt)
+                    del outbox[i]
+                    break
+            outbox.append(WatermarkRecord(scope, attempt, expires))
+
+    def _header(self, cohort: Cohort) -> None:
+        """Write ``cohort``'s header as it is now, in place of one this decision wrote
+        before (a cohort created and filled in one decision has one header, filled)."""
+        header = cohort_record(cohort, self.wall_offset)
+        outbox = self._outbox
+        for i, record in enumerate(outbox):
+            if isinstance(record, CohortRecord) and record.key == cohort.key:
+                outbox[i] = header
+                return
+        outbox.append(header)
+
+    def _unwrite(self, key: CohortKey) -> None:
+        """Take back what this decision's outbox holds of ``key``'s header and members,
+        which its drop replaces: a store is given each decision's end state, so a cohort
+        created and ended in one decision costs its store no header or member."""
+        outbox = self._outbox
+        if any(isinstance(r, CohortRecord | MemberRecord) and r.key == key for r in outbox):
+            self._outbox = [
+                r
+                for r in outbox
+                if not (isinstance(r, CohortRecord | MemberRecord) and r.key == key)
+            ]
 
     def final_records(self, cohort: Cohort) -> list[Record]:
         """The records that ended ``cohort`` again (to rewrite them after a failed write)."""
@@ -487,6 +520,7 @@ class CohortRegistry:
             outcome = legacy_outcome(outcome)
         cohort.outcome = outcome
         # The cohort's records go; its journaled verdicts stay while its tombstone does.
+        self._unwrite(cohort.key)
         self._outbox.append(DropCohort(cohort.key, keep_verdicts=keep))
         if keep:
             tomb = tombstone_of(cohort, digests, outcome, now + self.wall_offset)

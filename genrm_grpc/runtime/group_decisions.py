@@ -33,8 +33,14 @@ from typing import Any, Protocol
 
 from genrm_grpc.cohort.events import Decision, GroupEvent, MemberArrived, NotActive, apply
 from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
-from genrm_grpc.cohort.records import CohortRecord, MemberRecord, Record, TombstoneRecord
-from genrm_grpc.cohort.registry import CohortRegistry, Ended, RegistryView, SubmitDecision
+from genrm_grpc.cohort.records import MemberRecord, Record, TombstoneRecord
+from genrm_grpc.cohort.registry import (
+    CohortRegistry,
+    Disposition,
+    Ended,
+    RegistryView,
+    SubmitDecision,
+)
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.live import RuntimeView
 from genrm_grpc.store.group_state import GroupState
@@ -181,11 +187,7 @@ class GroupDecisions:
                 self._unshare(key)
                 continue
             token = 0
-            started = [
-                r.key
-                for r in done.records
-                if isinstance(r, CohortRecord) and r.key not in state.active_keys
-            ]
+            started = done.started(state.active_keys)
             collect: CohortKey | None = None
             if done.records:
                 collect, grown = self._eagerly(done.records, started, done.ended, done.frozen)
@@ -285,6 +287,20 @@ class Decided:
     records: list[Record] = field(default_factory=list)
     ended: list[Cohort] = field(default_factory=list)
     frozen: Cohort | None = None
+
+    def started(self, before: frozenset[CohortKey]) -> list[CohortKey]:
+        """The cohorts these decisions created (not active ``before``), once each, ended
+        in the same decision or not (a store may then have been given no header)."""
+        created: dict[CohortKey, None] = {}
+        for decision in self.decisions:
+            if (
+                isinstance(decision, SubmitDecision)
+                and decision.disposition is Disposition.ACCEPTED
+                and decision.cohort is not None
+                and decision.cohort.key not in before
+            ):
+                created[decision.cohort.key] = None
+        return list(created)
 
     def mailboxes(self, now: float) -> list[Tombstone]:
         """What the outcome mailboxes keep of the ended cohorts: the tombstone the

@@ -255,10 +255,12 @@ class Held:
         Amortised O(1): the oldest entries come first, and it stops at the first one
         that stays.
         """
+        tombs = self.tombstones
+        if self._nothing_due(tombs, now, len(records)):
+            return []
         written = {r.tombstone.key for r in records if isinstance(r, TombstoneRecord)}
         gone = {r.key for r in records if isinstance(r, DropTombstone)}
         marks = {r.scope for r in records if isinstance(r, WatermarkRecord | DropWatermark)}
-        tombs = self.tombstones
         count = len(tombs) + sum(1 for key in written if key not in tombs)
         count -= sum(1 for key in gone if key in tombs and key not in written)
         drops: list[Record] = []
@@ -275,6 +277,19 @@ class Held:
             if scope not in marks:
                 drops.append(DropWatermark(scope))
         return drops
+
+    def _nothing_due(
+        self, tombs: OrderedDict[CohortKey, tuple[float, bytes]], now: float, written: int
+    ) -> bool:
+        """Whether retention surely drops nothing: the oldest tombstone and watermark
+        are unexpired and even ``written`` more tombstones stay within the bound (what
+        most commits find, decided without looking at their records)."""
+        if len(tombs) + written > self.max_tombstones:
+            return False
+        if tombs and next(iter(tombs.values()))[0] <= now:
+            return False
+        marks = self.watermarks
+        return not marks or next(iter(marks.values())).expires_at > now
 
     def expire_mailboxes(self, now: float) -> None:
         while self.mailboxes:

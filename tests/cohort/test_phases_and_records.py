@@ -77,6 +77,32 @@ def test_an_ended_cohort_is_dropped_and_leaves_a_tombstone_record() -> None:
     assert any(isinstance(r, WatermarkRecord) for r in ended.records)
 
 
+def test_a_cohort_created_and_ended_in_one_decision_gives_its_store_no_header_or_member() -> None:
+    # A 1-member group is accepted, frozen and (here) superseded within decisions that
+    # leave its store the end state only: what it would write then delete is not written.
+    reg, _ = registry()
+    decision = reg.submit(sub(0, size=1), T0)
+    assert decision.frozen
+    kinds = [type(r) for r in decision.records]
+    assert kinds == [WatermarkRecord, CohortRecord, MemberRecord]  # the frozen header only
+    assert decision.records[1].phase is Phase.EVALUATING
+    assert decision.cohort is not None
+    ended = reg.evaluation_finished(decision.cohort, completed(1), T0 + 1)
+    assert ended
+    assert {type(r) for r in ended.records} == {WatermarkRecord, DropCohort, TombstoneRecord}
+
+
+def test_one_decision_writes_one_watermark_per_group_at_the_highest_attempt() -> None:
+    reg, _ = registry()
+    reg.submit(sub(0, attempt=1), T0)
+    # Attempt 2 raises the watermark, and ending attempt 1 (superseded) raises it again
+    # to 1: the decision's one watermark record keeps 2.
+    decision = reg.submit(sub(0, attempt=2), T0 + 1)
+    marks = [r for r in decision.records if isinstance(r, WatermarkRecord)]
+    assert [m.attempt for m in marks] == [2]
+    assert [c.key.attempt for c in decision.ended] == [1]
+
+
 def test_retention_drops_reach_the_durable_store_as_records() -> None:
     reg, _ = registry(max_records=1)
     for gid in ("a", "b"):
