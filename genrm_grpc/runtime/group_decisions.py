@@ -41,8 +41,9 @@ from genrm_grpc.cohort.registry import (
     RegistryView,
     SubmitDecision,
 )
-from genrm_grpc.runtime.group_store import GroupStore
+from genrm_grpc.runtime.group_store import GroupStore, InstantGroups
 from genrm_grpc.runtime.live import RuntimeView
+from genrm_grpc.store import group_state
 from genrm_grpc.store.group_state import GroupState
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.memory import MemoryStore, StoreView
@@ -106,6 +107,9 @@ class GroupDecisions:
         # on without reading it (bounded; keys other replicas also write are not kept).
         self._states: OrderedDict[CohortKey, tuple[GroupState, CohortRegistry]] = OrderedDict()
         self._shared_keys: OrderedDict[CohortKey, None] = OrderedDict()
+        #: The store, when it answers in process (no task for a decision needing no wait).
+        self._instant = shared if isinstance(shared, InstantGroups) else None
+        self._stopped = False
 
     async def decide_one(self, key: CohortKey, event: GroupEvent, fence: Lease | None) -> bool:
         """:meth:`decide` one event now (no batching); False when ``fence`` was lost."""
@@ -140,11 +144,21 @@ class GroupDecisions:
         queue = self._queues.get(key)
         if queue is not None:
             queue.append(op)
+        elif not _waits_for_siblings(event) and self._decided_now(key, op):
+            pass  # answered, or answered once the file behind has its commit
         else:
-            queue = self._queues[key] = [op]
-            task = self._own(self._drain(key, _waits_for_siblings(event)), name=f"decide {key}")
-            task.add_done_callback(lambda done: self._never_ran(key, queue, done))
+            self._start_drain(key, [op], _waits_for_siblings(event))
         return await op.future
+
+    def _start_drain(self, key: CohortKey, queue: list[Op], window: bool) -> None:
+        self._queues[key] = queue
+        task = self._own(self._drain(key, window), name=f"decide {key}")
+        task.add_done_callback(lambda done: self._never_ran(key, queue, done))
+
+    def stop(self) -> None:
+        """The runtime stops: a commit written after this answers nobody and starts
+        nothing here (what it wrote is held, as a cancelled decision's is)."""
+        self._stopped = True
 
     def _never_ran(self, key: CohortKey, queue: list[Op], task: asyncio.Task[None]) -> None:
         """A drain cancelled before its first step never runs its body: fail its ops."""
@@ -180,47 +194,120 @@ class GroupDecisions:
         """
         for attempt in range(MAX_COMMIT_ATTEMPTS):
             state, registry, now, cached = await self._state_of(key)
-            done = decide_ops(key, ops, registry, now, self._settle)
-            # Nothing to commit, so no version check: make sure the state decided on is
-            # still the group's (an answer from a stale state would be wrong).
-            if not done.records and cached and await self.shared.version(key) != state.version:
-                self._unshare(key)
-                continue
-            token = 0
-            started = done.started(state.active_keys)
-            collect: CohortKey | None = None
-            if done.records:
-                collect, grown = self._eagerly(done.records, started, done.ended, done.frozen)
-                committed = await self.shared.commit(
-                    state,
-                    done.records,
-                    ended=done.mailboxes(now),
-                    evaluate=done.frozen.key if done.frozen is not None else None,
-                    collect=collect,
-                    grown=grown,
-                    fence=fence,
-                )
-                if committed.lease_lost:
-                    return False
-                if not committed.written:
-                    if cached:
-                        self._unshare(key)
-                    await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 20)))
+            done = self._round(key, ops, state, registry, now, cached)
+            if not done.decided.records:
+                # Nothing to commit, so no version check: make sure the state decided on
+                # is still the group's (an answer from a stale state would be wrong).
+                if cached and await self.shared.version(key) != state.version:
+                    self._unshare(key)
                     continue
-                token = committed.token
-                state = state.at_version(committed.version)
-            self._keep_state(key, state, registry, done)
-            evaluate = done.frozen.key if done.frozen is not None else collect
-            judge_here = None
-            if token and evaluate is not None:
-                # Frozen here, or (eager) created here: judged here, wherever members arrive.
-                judge_here = (evaluate, self.shared.lease_for(evaluate, token))
-            self._committed(done, started, now, judge_here)
-            _answer(ops, done.decisions)
+                self._finish(done, None)
+                return True
+            committed = await self.shared.commit(state, done.decided.records, **done.writes(fence))
+            if committed.lease_lost:
+                return False
+            if not committed.written:
+                if cached:
+                    self._unshare(key)
+                await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 20)))
+                continue
+            self._finish(done, committed)
             return True
         raise StoreError(
             f"cohort {key}: its group changed under {MAX_COMMIT_ATTEMPTS} decisions in a row"
         )
+
+    def _round(
+        self,
+        key: CohortKey,
+        ops: list[Op],
+        state: GroupState,
+        registry: CohortRegistry,
+        now: float,
+        cached: bool,
+    ) -> _Round:
+        """Decide ``ops`` on ``registry`` (the group as ``state`` holds it), and what to
+        commit of it."""
+        decided = decide_ops(key, ops, registry, now, self._settle)
+        started = decided.started(state.active_keys)
+        collect: CohortKey | None = None
+        grown: list[CohortKey] = []
+        if decided.records:
+            collect, grown = self._eagerly(decided.records, started, decided.ended, decided.frozen)
+        return _Round(key, ops, state, registry, now, cached, decided, started, collect, grown)
+
+    def _decided_now(self, key: CohortKey, op: Op) -> bool:
+        """Decide ``op`` without a task or a wait, on a store that answers at once (the
+        in-process one): False when it cannot be (a commit of the group is being
+        written, or the group changed), and a drain decides it instead. With a file
+        behind, the op is answered once its commit is written; events for the key
+        meanwhile queue behind it, as behind a drain."""
+        instant = self._instant
+        if instant is None:
+            return False
+        cached = self._states.pop(key, None)
+        if cached is not None:
+            state, registry = cached
+            now = time.time()
+            if self._draining():
+                registry.start_draining()
+        else:
+            loaded = instant.load_now(key)
+            if loaded is None:
+                return False
+            state = loaded
+            registry, now = self.scratch(state)
+        state = state.knowing(frozenset(c.key for c in registry.active_cohorts()))
+        done = self._round(key, [op], state, registry, now, cached is not None)
+        if not done.decided.records:
+            if done.cached and instant.version_now(key) != state.version:
+                self._unshare(key)
+                return False
+            self._finish(done, None)
+            return True
+        begun = instant.begin_commit(state, done.decided.records, **done.writes(None))
+        if isinstance(begun, group_state.Committed):
+            if not begun.written:
+                if done.cached:
+                    self._unshare(key)
+                return False
+            self._finish(done, begun)
+            return True
+        self._queues[key] = []
+        begun.add_done_callback(lambda written: self._written(done, written))
+        return True
+
+    def _written(self, done: _Round, written: asyncio.Future[group_state.Committed]) -> None:
+        """A commit begun by :meth:`_decided_now` is written (or failed): answer it, and
+        hand what queued meanwhile to a drain."""
+        queued = self._queues.pop(done.key, [])
+        error = written.exception() if not written.cancelled() else StoreError("cancelled")
+        if self._stopped:
+            _fail([*done.ops, *queued], StoreError("the runtime stopped"))
+            return
+        if error is not None:
+            _fail(done.ops, error)
+        else:
+            self._finish(done, written.result())
+        if queued:
+            self._start_drain(done.key, queued, False)
+
+    def _finish(self, done: _Round, committed: group_state.Committed | None) -> None:
+        """What a decision means once its commit is in (None: it wrote nothing)."""
+        decided = done.decided
+        token = 0
+        state = done.state
+        if committed is not None:
+            token = committed.token
+            state = state.at_version(committed.version)
+        self._keep_state(done.key, state, done.registry, decided)
+        evaluate = decided.frozen.key if decided.frozen is not None else done.collect
+        judge_here = None
+        if token and evaluate is not None:
+            # Frozen here, or (eager) created here: judged here, wherever members arrive.
+            judge_here = (evaluate, self.shared.lease_for(evaluate, token))
+        self._committed(decided, done.started, done.now, judge_here)
+        _answer(done.ops, decided.decisions)
 
     async def _state_of(self, key: CohortKey) -> tuple[GroupState, CohortRegistry, float, bool]:
         """The group to decide on, in a one-group registry; True when it is the state this
@@ -277,6 +364,35 @@ class GroupDecisions:
         self._shared_keys[key] = None
         if len(self._shared_keys) > STATE_CACHE:
             self._shared_keys.popitem(last=False)
+
+
+@dataclass(slots=True)
+class _Round:
+    """One decision on one group: what it was decided on, and what it decided."""
+
+    key: CohortKey
+    ops: list[Op]
+    state: GroupState
+    registry: CohortRegistry
+    now: float
+    #: Decided on the state this process's own last commit left (no read).
+    cached: bool
+    decided: Decided
+    started: list[CohortKey]
+    #: Eager judging: the cohort whose lease the commit takes at creation.
+    collect: CohortKey | None
+    grown: list[CohortKey]
+
+    def writes(self, fence: Lease | None) -> dict[str, Any]:
+        """The commit's arguments besides the state and the records."""
+        decided = self.decided
+        return {
+            "ended": decided.mailboxes(self.now),
+            "evaluate": decided.frozen.key if decided.frozen is not None else None,
+            "collect": self.collect,
+            "grown": self.grown,
+            "fence": fence,
+        }
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from genrm_grpc.cohort.model import CohortKey, Tombstone
 from genrm_grpc.cohort.records import Record, RecoveredCohort, VerdictRecord
@@ -92,3 +92,24 @@ class GroupStore(Protocol):
         stopping: asyncio.Event,
         on_grown: Callable[[CohortKey], None] | None = None,
     ) -> None: ...
+
+
+@runtime_checkable
+class InstantGroups(Protocol):
+    """A group store that answers in process, without a round trip (``LocalGroups``):
+    a decision that needs no wait is made without a task, and its commit, when a file
+    is behind, completes by callback. Redis always needs a round trip: not this."""
+
+    def load_now(self, key: CohortKey) -> GroupState | None: ...
+    def version_now(self, key: CohortKey) -> str | None: ...
+    def begin_commit(
+        self,
+        state: GroupState,
+        records: Sequence[Record],
+        *,
+        ended: Sequence[Tombstone] = (),
+        evaluate: CohortKey | None = None,
+        collect: CohortKey | None = None,
+        grown: Sequence[CohortKey] = (),
+        fence: Lease | None = None,
+    ) -> Committed | asyncio.Future[Committed]: ...

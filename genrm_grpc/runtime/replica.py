@@ -223,6 +223,7 @@ class ReplicaRuntime:
             # Nothing outlives this process (memory://): the cohorts fail, as documented.
             await self._fail_all("server is shutting down")
         self._stopping.set()
+        self.decisions.stop()
         handoffs = []
         for key in list(self.evaluations.here):
             live = self._live.get(key)

@@ -166,8 +166,18 @@ class LocalGroups:
     async def load(self, key: CohortKey) -> GroupState:
         """The group of ``key``: its version, the key's cohort and tombstone, the newest
         attempt's, the watermark, and the active counts (as Redis's ``LOAD``)."""
+        return self._read(key, await self._settled(key))
+
+    def load_now(self, key: CohortKey) -> GroupState | None:
+        """:meth:`load` without waiting: None while a commit of the group is being
+        written to the file behind (its version would not count yet)."""
+        group = self.state.groups.get(group_of(key))
+        if group is not None and group.pending is not None:
+            return None
+        return self._read(key, group)
+
+    def _read(self, key: CohortKey, group: Group | None) -> GroupState:
         state = self.state
-        group = await self._settled(key)
         now = time.time()
         self.stats.loads += 1
         mark = state.unexpired_watermark(key.group_scope, now)
@@ -195,6 +205,13 @@ class LocalGroups:
 
     async def version(self, key: CohortKey) -> str:
         return _version(await self._settled(key))
+
+    def version_now(self, key: CohortKey) -> str | None:
+        """:meth:`version` without waiting: None while a commit of it is being written."""
+        group = self.state.groups.get(group_of(key))
+        if group is not None and group.pending is not None:
+            return None
+        return _version(group)
 
     async def _settled(self, key: CohortKey) -> Group | None:
         """``key``'s group once no commit of it is being written (its version counts)."""
@@ -255,6 +272,36 @@ class LocalGroups:
     ) -> Committed:
         """Write ``records`` if the group is still at the version ``state`` read (the
         arguments as :meth:`genrm_grpc.store.shared.SharedGroups.commit`'s)."""
+        begun = self.begin_commit(
+            state,
+            records,
+            ended=ended,
+            evaluate=evaluate,
+            collect=collect,
+            grown=grown,
+            fence=fence,
+        )
+        if isinstance(begun, Committed):
+            return begun
+        # The write goes on if this wait is cancelled: what it commits is held then.
+        await asyncio.wait({begun})
+        return begun.result()
+
+    def begin_commit(
+        self,
+        state: GroupState,
+        records: Sequence[Record],
+        *,
+        ended: Sequence[Tombstone] = (),
+        evaluate: CohortKey | None = None,
+        collect: CohortKey | None = None,
+        grown: Sequence[CohortKey] = (),
+        fence: Lease | None = None,
+    ) -> Committed | asyncio.Future[Committed]:
+        """:meth:`commit` without awaiting: its answer at once when nothing is behind (or
+        the version check refuses it), else a future that the file's write resolves
+        (StoreError when it failed: nothing of it is held). Nobody's cancellation stops a
+        write once begun, and what it wrote is held once it is written."""
         held = self.state
         key = state.key
         group = held.group(key)
@@ -269,39 +316,27 @@ class LocalGroups:
         now = time.time()
         records = [*records, *held.retention(records, now)]
         group.version = next(held.versions)
-        if self.behind is not None and records:
-            await self._write(group, records)  # StoreError: nothing of it is held
-        held.apply(records)
-        for tomb in ended:
-            held.mailbox(tomb, now + MAILBOX_TTL_S)
+        done = _Commit(self, group, key, records, ended, evaluate, collect, grown, now)
+        if self.behind is None or not records:
+            return done.held()
+        return done.write(self.behind)
+
+    def _held(self, commit: _Commit) -> Committed:
+        """Hold a commit's records (written to the file behind, where there is one)."""
+        held = self.state
+        held.apply(commit.records)
+        for tomb in commit.ended:
+            held.mailbox(tomb, commit.now + MAILBOX_TTL_S)
         token = 0
-        lease_of = evaluate if evaluate is not None else collect
+        lease_of = commit.evaluate if commit.evaluate is not None else commit.collect
         if lease_of is not None and not held.group(lease_of).lease_held():
             token = self._take(lease_of).token
-        if evaluate is not None:
-            held.evaluations.file(evaluate, now + self.lease_s)
-        held.expire_mailboxes(now)
-        held.forget_if_idle(key)
-        held.publish([tomb.key for tomb in ended], grown)
-        return Committed(True, token=token, version=str(group.version))
-
-    async def _write(self, group: Group, records: Sequence[Record]) -> None:
-        """Write a commit to the file behind; the group's reads wait for it meanwhile.
-
-        Its lease is checked before, not again after: with one process the only other
-        claimant is this process's own sweep, after ``lease_s`` without a renewal.
-        """
-        assert self.behind is not None
-        pending: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        group.pending = pending
-        try:
-            await self.behind.persist(records)
-        except StoreError:
-            self.stats.failures += 1
-            raise
-        finally:
-            group.pending = None
-            pending.set_result(None)
+        if commit.evaluate is not None:
+            held.evaluations.file(commit.evaluate, commit.now + self.lease_s)
+        held.expire_mailboxes(commit.now)
+        held.forget_if_idle(commit.key)
+        held.publish([tomb.key for tomb in commit.ended], commit.grown)
+        return Committed(True, token=token, version=str(commit.group.version))
 
     # ------------------------------------------------------------------ evaluation leases
     def _take(self, key: CohortKey) -> Lease:
@@ -383,3 +418,51 @@ def _ignore(key: CohortKey) -> None:
 def _ignore_failure(written: asyncio.Future[None]) -> None:
     if not written.cancelled():
         written.exception()  # retention tries again at the next census
+
+
+@dataclasses.dataclass(slots=True)
+class _Commit:
+    """One commit past its version check: held at once, or once the file wrote it."""
+
+    groups: LocalGroups
+    group: Group
+    key: CohortKey
+    records: list[Record]
+    ended: Sequence[Tombstone]
+    evaluate: CohortKey | None
+    collect: CohortKey | None
+    grown: Sequence[CohortKey]
+    now: float
+
+    def held(self) -> Committed:
+        return self.groups._held(self)
+
+    def write(self, behind: DurableStore) -> asyncio.Future[Committed]:
+        """Write to the file behind; the group's reads wait for it meanwhile. Its lease
+        is checked before, not again after: with one process the only other claimant is
+        this process's own sweep, after ``lease_s`` without a renewal."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Committed] = loop.create_future()
+        pending: asyncio.Future[None] = loop.create_future()
+        self.group.pending = pending
+
+        def written(write: asyncio.Future[None]) -> None:
+            error = write.exception() if not write.cancelled() else StoreError("cancelled")
+            outcome: Committed | BaseException
+            if error is None:
+                outcome = self.held()
+            else:
+                self.groups.stats.failures += 1
+                outcome = error
+            self.group.pending = None
+            pending.set_result(None)
+            if answer.cancelled():
+                return
+            if isinstance(outcome, Committed):
+                answer.set_result(outcome)
+            else:
+                answer.set_exception(outcome)
+                answer.exception()  # its caller may have gone (cancelled): no warning
+
+        behind.persist(self.records).add_done_callback(written)
+        return answer

@@ -7,22 +7,28 @@ sleeps decide the interleaving.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from genrm_grpc.cohort.events import MemberArrived
+from genrm_grpc.cohort.registry import Disposition, SubmitDecision
 from genrm_grpc.config import Settings
 from genrm_grpc.runtime.group_decisions import GroupDecisions
 from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.records import StoreError
+from genrm_grpc.store.sqlite import SqliteStore
 from tests.cohort.support import sub
 
 SETTINGS = Settings(store="memory://", runtime="groups", cohort_collection_timeout_s=60.0)
 
 
-def _decisions() -> tuple[GroupDecisions, list[asyncio.Task[None]]]:
+def _decisions(
+    groups: LocalGroups | None = None,
+) -> tuple[GroupDecisions, list[asyncio.Task[None]]]:
     owned: list[asyncio.Task[None]] = []
 
     def own(coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
@@ -31,7 +37,7 @@ def _decisions() -> tuple[GroupDecisions, list[asyncio.Task[None]]]:
         return task
 
     decisions = GroupDecisions(
-        LocalGroups(SETTINGS, lease_s=10),
+        groups if groups is not None else LocalGroups(SETTINGS, lease_s=10),
         SETTINGS,
         draining=lambda: False,
         own=own,
@@ -85,3 +91,92 @@ async def test_a_one_member_groups_member_is_decided_without_the_batch_window(
         task.cancel()
     with pytest.raises(StoreError):
         await waiting
+
+
+async def test_an_in_process_one_member_decision_needs_no_task_and_answers_in_the_call() -> None:
+    """On the in-process store nothing in it waits: decided, committed and answered
+    before the call first yields, with no decision task (the replicas' Redis store
+    always takes a round trip, so a drain task decides there)."""
+    groups = LocalGroups(SETTINGS, lease_s=10)
+    decisions, owned = _decisions(groups)
+    alone = sub(0, gid="solo", size=1)
+    decided = await decisions.apply(alone.key, MemberArrived(alone))
+    assert isinstance(decided, SubmitDecision) and decided.frozen
+    assert alone.key in groups.state.cohorts
+    assert owned == []
+
+
+def _writes_held(path: Path) -> tuple[LocalGroups, sqlite3.Connection]:
+    """An in-process store over a SQLite file whose writer waits for a lock held by a
+    second connection until the test rolls it back."""
+    groups = LocalGroups(SETTINGS, lease_s=10, behind=SqliteStore(path))
+    lock = sqlite3.connect(path, isolation_level=None)
+    return groups, lock
+
+
+async def _until_written_pending(groups: LocalGroups, scope: str) -> None:
+    for _ in range(1000):
+        group = groups.state.groups.get(scope)
+        if group is not None and group.pending is not None:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the commit never reached the file")
+
+
+async def test_a_caller_cancelled_during_its_commits_write_leaves_the_commit_held(
+    tmp_path: Path,
+) -> None:
+    """The write goes on without its caller (a client that hung up): once the file has
+    it, the store holds it too, and the member's resend is answered from it (attached to
+    the cohort it froze), not decided a second time."""
+    path = tmp_path / "state.sqlite3"
+    groups, lock = _writes_held(path)
+    await groups.connect()
+    decisions, owned = _decisions(groups)
+    alone = sub(0, gid="solo", size=1)
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        call = asyncio.ensure_future(decisions.apply(alone.key, MemberArrived(alone)))
+        await _until_written_pending(groups, alone.key.group_scope or "")
+        assert owned == []  # committing by callback: no task to cancel
+        call.cancel()
+        resend = asyncio.ensure_future(decisions.apply(alone.key, MemberArrived(alone)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not resend.done()  # queued behind the write
+        lock.execute("ROLLBACK")
+    finally:
+        lock.close()
+    resent = await asyncio.wait_for(resend, 10)
+    assert isinstance(resent, SubmitDecision)
+    assert resent.disposition is Disposition.ATTACHED
+    assert alone.key in groups.state.cohorts
+    await groups.store.close()
+
+
+async def test_a_commit_written_after_the_runtime_stopped_answers_nobody(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    groups, lock = _writes_held(path)
+    await groups.connect()
+    committed: list[object] = []
+    decisions = GroupDecisions(
+        groups,
+        SETTINGS,
+        draining=lambda: False,
+        own=lambda coro, *, name: asyncio.get_running_loop().create_task(coro, name=name),
+        committed=lambda *args: committed.append(args),
+    )
+    alone = sub(0, gid="solo", size=1)
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        call = asyncio.ensure_future(decisions.apply(alone.key, MemberArrived(alone)))
+        await _until_written_pending(groups, alone.key.group_scope or "")
+        decisions.stop()
+        lock.execute("ROLLBACK")
+    finally:
+        lock.close()
+    with pytest.raises(StoreError, match="stopped"):
+        await asyncio.wait_for(call, 10)
+    assert committed == []  # nothing started or delivered here
+    assert alone.key in groups.state.cohorts  # what was written is held
+    await groups.store.close()
