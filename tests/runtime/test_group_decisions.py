@@ -30,12 +30,14 @@ def _decisions() -> tuple[GroupDecisions, list[asyncio.Task[None]]]:
         owned.append(task)
         return task
 
+    groups = LocalGroups(SETTINGS, lease_s=10)
     decisions = GroupDecisions(
-        LocalGroups(SETTINGS, lease_s=10),
+        groups,
         SETTINGS,
         draining=lambda: False,
         own=own,
         committed=lambda *_: None,
+        clock=groups.clock,
     )
     return decisions, owned
 
