@@ -283,11 +283,13 @@ class ReplicaRuntime:
                 "this replica is shutting down; the cohort goes on in the shared store: "
                 "resend the identical member (to another replica) to reattach"
             )
-        else:
+        elif self.store.survives_restart:
             message = (
                 "the server is restarting; the cohort is kept in its store and resumes when "
                 "it is back: resend the identical member to reattach"
             )
+        else:  # memory://: the stop failed every cohort, nothing resumes
+            message = "the server is shutting down and keeps nothing: send the group again"
         return CallInterrupted(Reason.SHUTTING_DOWN, message)
 
     async def _hand_off(self, key: CohortKey, lease: Lease) -> None:
