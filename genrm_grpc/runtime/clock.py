@@ -1,24 +1,19 @@
-"""Time for the runtime: the event loop's monotonic clock.
+"""Time for the runtime: a :class:`Clock` (the protocol, ``genrm_grpc.cohort.clock``).
 
+The single process counts in the event loop's monotonic clock (:class:`LoopClock`); the
+replicas' runtime in wall-clock seconds (:class:`WallClock`, ``genrm_grpc.store.clock``).
 Tests drive time by hand with ``genrm_grpc.testing.ManualClock``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
-from typing import Protocol
 
+from genrm_grpc.cohort.clock import Clock, TimerHandle
+from genrm_grpc.store.clock import WallClock
 
-class TimerHandle(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-    def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle: ...
+__all__ = ["Clock", "LoopClock", "TimerHandle", "WallClock", "sleep"]
 
 
 class LoopClock:
@@ -31,16 +26,16 @@ class LoopClock:
         return asyncio.get_running_loop().call_at(when, callback)
 
 
-class WallClock:
-    """Wall-clock seconds (``time.time()``): what replicas sharing a store compare.
+async def sleep(clock: Clock, seconds: float) -> None:
+    """Wait ``seconds`` of ``clock``'s time (a ManualClock: until a test advances it)."""
+    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    Deadlines written by one replica are read by another, so the replicas' runtimes
-    count in the time they all share (kept in step by NTP), not in a process's own
-    monotonic clock.
-    """
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
 
-    def now(self) -> float:
-        return time.time()
-
-    def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
-        return asyncio.get_running_loop().call_later(max(0.0, when - time.time()), callback)
+    timer = clock.call_at(clock.now() + seconds, wake)
+    try:
+        await woken
+    finally:
+        timer.cancel()

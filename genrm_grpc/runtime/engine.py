@@ -79,6 +79,7 @@ class CohortRuntime:
             config,
             verdicts=self.store,
             journal=self._journal,
+            wall=lambda: self._clock.now() + registry.wall_offset,
             judge_identity=judge_identity,
         )
         # Wall clock minus the runtime clock: records carry wall-clock instants.

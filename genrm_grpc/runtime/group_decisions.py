@@ -25,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from genrm_grpc.cohort.clock import Clock
 from genrm_grpc.cohort.events import Decision, GroupEvent, MemberArrived, NotActive, apply
 from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
 from genrm_grpc.cohort.records import MemberRecord, Record, TombstoneRecord
@@ -94,9 +94,17 @@ class GroupDecisions:
         draining: Callable[[], bool],
         own: Owner,
         committed: Committed,
+        clock: Clock,
         settle: Settle | None = None,
+        batch_window_s: float | None = None,
     ) -> None:
+        """``clock``: the time decisions are made at (wall-clock seconds, what the group
+        store's records carry); ``batch_window_s``: the batching window in the event
+        loop's time (``BATCH_WINDOW_S`` when None; 0: a decision starts at the next loop
+        turn, with whatever queued by then)."""
         self.shared = shared
+        self._clock = clock
+        self._window = batch_window_s
         self._settle = settle
         self.config = config
         self._draining = draining
@@ -116,13 +124,17 @@ class GroupDecisions:
         op = Op(event, asyncio.get_running_loop().create_future())
         return await self.decide(key, [op], fence)
 
+    def pending(self) -> tuple[int, int]:
+        """(keys with a decision queued or running, group states kept from commits)."""
+        return len(self._queues), len(self._states)
+
     def group_registry(self) -> CohortRegistry:
         """An empty registry, to hold one group restored from Redis."""
         return CohortRegistry(self.config, MemoryStore(self.config))
 
     def scratch(self, state: GroupState) -> tuple[CohortRegistry, float]:
-        """A registry holding only ``state``'s group, and the wall-clock ``now``."""
-        now = time.time()
+        """A registry holding only ``state``'s group, and the clock's ``now``."""
+        now = self._clock.now()
         registry = self.group_registry()
         registry.restore(state.recovered, now)
         here = len(state.recovered.cohorts)
@@ -169,8 +181,9 @@ class GroupDecisions:
     async def _drain(self, key: CohortKey, window: bool) -> None:
         # A group's members arrive over a few loop turns (one gRPC call each): wait a
         # moment before the first read so that they are decided and committed together.
-        if window:
-            await asyncio.sleep(BATCH_WINDOW_S)
+        delay = BATCH_WINDOW_S if self._window is None else self._window
+        if window and delay > 0:
+            await asyncio.sleep(delay)
         while True:
             ops = self._queues.get(key)
             if not ops:
@@ -248,7 +261,7 @@ class GroupDecisions:
         cached = self._states.pop(key, None)
         if cached is not None:
             state, registry = cached
-            now = time.time()
+            now = self._clock.now()
             if self._draining():
                 registry.start_draining()
         else:
@@ -316,7 +329,7 @@ class GroupDecisions:
         cached = self._states.pop(key, None)
         if cached is not None:
             state, registry = cached
-            now = time.time()
+            now = self._clock.now()
             if self._draining():
                 registry.start_draining()
         else:

@@ -79,12 +79,15 @@ class Judging:
         *,
         verdicts: VerdictSource,
         journal: Callable[[Live, list[Record]], None],
+        wall: Callable[[], float],
         judge_identity: Mapping[str, object] | None = None,
     ) -> None:
         """``journal`` writes a finished pass's record where a restart (or the replica
-        that takes the evaluation over) reads it back; ``judge_identity`` names the judge
+        that takes the evaluation over) reads it back; ``wall`` is the runtime's clock in
+        wall-clock seconds (what records carry); ``judge_identity`` names the judge
         settings that can change a verdict, part of every journaled pass's context."""
         self.config = config
+        self._wall = wall
         self._judge = judge
         self._verdicts = verdicts
         self._journal = journal
@@ -346,7 +349,8 @@ class Judging:
                 raise
         if question is not None:
             # Journaled the moment it finished: a restart resumes without this call.
-            self._journal(live, [verdict_record(cohort.key, job, question, out)])
+            record = verdict_record(cohort.key, job, question, out, self._wall())
+            self._journal(live, [record])
         self._progress(live, job)
         return PairResult(JudgedPair(job.i, job.j, job.judge_index, out.verdict), out.usage)
 

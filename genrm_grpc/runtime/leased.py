@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
+from genrm_grpc.cohort.clock import Clock
 from genrm_grpc.cohort.events import Cancelled, GroupEvent
 from genrm_grpc.cohort.model import CohortKey, Phase
 from genrm_grpc.cohort.phases import Event as PhaseEvent
 from genrm_grpc.cohort.phases import allows
 from genrm_grpc.cohort.records import Record, Recovered, RecoveredCohort, VerdictRecord
+from genrm_grpc.runtime.clock import sleep
 from genrm_grpc.runtime.group_decisions import GroupDecisions
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.judging import Judging
@@ -40,10 +41,13 @@ class LeasedEvaluations:
         *,
         hand_off: Callable[[CohortKey, Lease], Awaitable[None]],
         store_failed: Callable[[], None],
+        clock: Clock,
     ) -> None:
         """``hand_off`` releases a lease for another replica to claim; ``store_failed``
-        tells the runtime Redis did not answer."""
+        tells the runtime Redis did not answer; ``clock`` times the renewals and the
+        retries (a lease's validity is the store's: ``GroupStore.lease_now``)."""
         self.shared = shared
+        self._clock = clock
         self.config = config
         self.judging = judging
         self.decisions = decisions
@@ -82,7 +86,7 @@ class LeasedEvaluations:
     def _adopt(self, key: CohortKey, entry: RecoveredCohort) -> Live:
         """This replica's live state of ``key`` as ``entry`` holds it, judged from here."""
         (cohort,) = self.decisions.group_registry().restore(
-            Recovered(cohorts=(entry,)), time.time()
+            Recovered(cohorts=(entry,)), self._clock.now()
         )
         live = self.judging.live.get(key)
         if live is None:
@@ -171,10 +175,10 @@ class LeasedEvaluations:
                 return
             except StoreError as exc:
                 self._store_failed()
-                if time.monotonic() + REWRITE_DELAY_S >= current.valid_until:
+                if self.shared.lease_now() + REWRITE_DELAY_S >= current.valid_until:
                     raise
                 log.warning("could not commit the end of %s (%s); trying again", key, exc)
-            await asyncio.sleep(REWRITE_DELAY_S)
+            await sleep(self._clock, REWRITE_DELAY_S)
 
     def _hold(self, live: Live, key: CohortKey, lease: Lease) -> asyncio.Task[None]:
         """Judge ``key`` under ``lease`` from here, renewing it until the task is cancelled."""
@@ -194,7 +198,7 @@ class LeasedEvaluations:
         """Renew the evaluation lease every third of its life; stop the evaluation if lost."""
         period = self.shared.lease_s / 3
         while True:
-            await asyncio.sleep(period)
+            await sleep(self._clock, period)
             lease = live.lease
             if not isinstance(lease, Lease):
                 return
@@ -202,7 +206,7 @@ class LeasedEvaluations:
                 renewed = await self.shared.renew(key, lease)
             except StoreError:
                 self._store_failed()
-                if time.monotonic() < lease.valid_until:
+                if self.shared.lease_now() < lease.valid_until:
                     continue
                 renewed = None
             if renewed is None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from genrm_grpc.cohort.clock import TimerHandle
 from genrm_grpc.cohort.identity import ComparisonMode
 from genrm_grpc.cohort.model import (
     CandidateSpec,
@@ -38,7 +39,6 @@ from genrm_grpc.judge.client import (
     TokenUsage,
 )
 from genrm_grpc.observability.hooks import CohortOutcome, RuntimeObserver
-from genrm_grpc.runtime.clock import TimerHandle
 from genrm_grpc.runtime.plan import PassPlan
 from genrm_grpc.scoring.types import JudgedPair, ScoringView
 from genrm_grpc.store.records import StoreError

@@ -25,7 +25,10 @@ single process would reach.
   are read from the shared counts and indexes every ``STORE_CHECK_S``, with the check
   that Redis answers; every replica reports the deployment's figures.
 - **Deadlines** live in one sorted set; every replica looks for due ones every
-  ``SWEEP_S``, and the version check lets exactly one of them end the cohort.
+  ``SWEEP_S``, and the version check lets exactly one of them end the cohort; the
+  in-process store's are its clock's timers (``runtime/replica_sweeps.py``).
+- **Time** is the ``clock`` (wall-clock seconds; tests: ``ManualClock``): decisions,
+  deadlines, sweeps, renewals and retries all count in it.
 - ``judge_max_concurrency`` bounds each replica's judge calls, not the deployment's.
 """
 
@@ -33,15 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from genrm_grpc.cohort.clock import Clock
 from genrm_grpc.cohort.events import (
     Cancelled,
-    DeadlinePassed,
     GroupEvent,
     MemberArrived,
     NotActive,
@@ -58,6 +59,7 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
 from genrm_grpc.observability.hooks import NullRuntimeObserver, RuntimeObserver
+from genrm_grpc.runtime.clock import WallClock, sleep
 from genrm_grpc.runtime.group_decisions import (
     Decided,
     GroupDecisions,
@@ -78,20 +80,16 @@ from genrm_grpc.runtime.live import (
     log_outcome,
     store_unavailable,
 )
+from genrm_grpc.runtime.replica_sweeps import SWEEP_S, Sweeps
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.records import StoreError
 
 log = logging.getLogger(__name__)
 
-#: How often each replica looks for due deadlines and orphaned evaluations.
-SWEEP_S = 0.25
 #: How often a replica checks that Redis answers (health) while it does.
 STORE_CHECK_S = 1.0
 #: Keys of cohorts that ended recently, to catch an end published during a decision.
 RECENT_ENDS = 4096
-#: How often a replica re-reads the outcomes its waiters wait for, whatever the channel
-#: said: the channel is at-most-once, this bounds how long a lost message can delay one.
-RECHECK_S = 5.0
 
 
 class ReplicaView(GroupView, Protocol):
@@ -112,19 +110,25 @@ class ReplicaRuntime:
         observer: RuntimeObserver | None = None,
         judge_identity: dict[str, object] | None = None,
         on_store_health: Callable[[bool], Awaitable[None]] | None = None,
+        clock: Clock | None = None,
+        batch_window_s: float | None = None,
     ) -> None:
+        """``clock``: wall-clock seconds by default (what replicas sharing Redis
+        compare); the in-process store's own should be the same clock."""
         #: Holds no cohort: only this process's draining flag (groups are decided in
         #: one-group registries restored from Redis).
         self.registry = registry
         self.config = config
         self.shared = shared
         self.store = shared.store
+        self._clock: Clock = clock if clock is not None else WallClock()
         self._observer: RuntimeObserver = observer or NullRuntimeObserver()
         self.judging = Judging(
             judge,
             config,
             verdicts=shared.store,
             journal=lambda live, records: self.evaluations.journal(live, records),
+            wall=self._clock.now,
             judge_identity=judge_identity,
         )
         self._live = self.judging.live
@@ -137,7 +141,9 @@ class ReplicaRuntime:
             draining=lambda: self.registry.draining,
             own=self.judging.own,
             committed=self._committed,
+            clock=self._clock,
             settle=self._scored_at_once,
+            batch_window_s=batch_window_s,
         )
         self.evaluations = LeasedEvaluations(
             shared,
@@ -146,18 +152,30 @@ class ReplicaRuntime:
             self.decisions,
             hand_off=self._hand_off,
             store_failed=self._store_failed,
+            clock=self._clock,
         )
         self._recent_ends: OrderedDict[CohortKey, None] = OrderedDict()
         self._to_fetch: set[CohortKey] = set()
         self._fetcher: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self.sweeps = Sweeps(
+            shared,
+            self.decisions,
+            self.evaluations,
+            clock=self._clock,
+            own=self.judging.own,
+            stopping=self._stopping,
+            draining=lambda: self.registry.draining,
+            recheck=self._resubscribed,
+            store_failed=self._store_failed,
+        )
         self._background: list[asyncio.Task[None]] = []
         #: The deployment's counts as the store watcher last read them (STORE_CHECK_S).
         self._census = Census()
 
     # ------------------------------------------------------------------ API
     def now(self) -> float:
-        return time.time()
+        return self._clock.now()
 
     @property
     def draining(self) -> bool:
@@ -175,7 +193,7 @@ class ReplicaRuntime:
 
     async def compare(self, prompt: PromptSpec, candidates: Sequence[CandidateSpec]) -> Completed:
         """A batch judged at once by this replica (no cohort, nothing shared)."""
-        return await self.judging.compare(prompt, candidates, time.time())
+        return await self.judging.compare(prompt, candidates, self._clock.now())
 
     def end_grace(self) -> None:
         self.judging.end_grace()
@@ -194,7 +212,8 @@ class ReplicaRuntime:
         """Reach the group store (RedisStartupError naming Redis when unreachable; a
         file behind the in-process store is read back) and start the background work;
         returns the active cohorts read back. Orphaned evaluations and due deadlines are
-        picked up by the sweeps."""
+        picked up by the sweeps (in process: by the store's deadline timers)."""
+        self.sweeps.watch()
         recovered = await self.shared.connect()
         await self.shared.store.start()
         loop = asyncio.get_running_loop()
@@ -208,7 +227,7 @@ class ReplicaRuntime:
                 ),
                 "replica-listen",
             ),
-            (self._sweep(), "replica-sweep"),
+            (self.sweeps.sweep(), "replica-sweep"),
             (self._watch_store(), "replica-store-health"),
         ):
             self._background.append(loop.create_task(coro, name=name))
@@ -224,6 +243,7 @@ class ReplicaRuntime:
             await self._fail_all("server is shutting down")
         self._stopping.set()
         self.decisions.stop()
+        self.sweeps.stop()
         handoffs = []
         for key in list(self.evaluations.here):
             live = self._live.get(key)
@@ -264,11 +284,13 @@ class ReplicaRuntime:
                 "this replica is shutting down; the cohort goes on in the shared store: "
                 "resend the identical member (to another replica) to reattach"
             )
-        else:
+        elif self.store.survives_restart:
             message = (
                 "the server is restarting; the cohort is kept in its store and resumes when "
                 "it is back: resend the identical member to reattach"
             )
+        else:  # memory://: the stop failed every cohort, nothing resumes
+            message = "the server is shutting down and keeps nothing: send the group again"
         return CallInterrupted(Reason.SHUTTING_DOWN, message)
 
     async def _hand_off(self, key: CohortKey, lease: Lease) -> None:
@@ -306,7 +328,7 @@ class ReplicaRuntime:
 
     async def refresh_census(self) -> Census:
         """Read the deployment's counts now (one round trip; StoreError when Redis is down)."""
-        active, evaluating, tombstones, watermarks = await self.shared.census(time.time())
+        active, evaluating, tombstones, watermarks = await self.shared.census(self._clock.now())
         self._census = Census(
             collecting=max(0, active - evaluating),
             evaluating=evaluating,
@@ -442,40 +464,12 @@ class ReplicaRuntime:
             except StoreError as exc:
                 log.warning("could not read outcomes (%s); trying again", exc)
                 self._to_fetch |= keys
-                await asyncio.sleep(SWEEP_S)
+                await sleep(self._clock, SWEEP_S)
                 continue
             for key, tomb in found.items():
                 self._end_here(key, tomb.finished_at, tomb.outcome)
 
-    # ------------------------------------------------------------------ sweeps
-    async def _sweep(self) -> None:
-        recheck = time.monotonic() + RECHECK_S
-        while not self._stopping.is_set():
-            await asyncio.sleep(SWEEP_S * random.uniform(0.8, 1.2))
-            if time.monotonic() >= recheck:
-                recheck = time.monotonic() + RECHECK_S
-                await self._resubscribed()
-            try:
-                due = await self.shared.due(time.time())
-                if due:
-                    await asyncio.gather(*(self._deadline(key) for key in due))
-                if self.registry.draining:
-                    continue
-                for key in await self.shared.orphaned(time.time()):
-                    if key in self.evaluations.here:
-                        continue
-                    lease = await self.shared.claim(key)
-                    if lease is not None:
-                        log.info("took over the evaluation of %s", key)
-                        self.evaluations.start(key, lease)
-            except StoreError as exc:
-                self._store_failed()
-                log.debug("sweep failed: %s", exc)
-
-    async def _deadline(self, key: CohortKey) -> None:
-        if isinstance(await self.decisions.apply(key, DeadlinePassed(key)), NotActive):
-            await self.shared.forget(key)
-
+    # ------------------------------------------------------------------ store health
     async def _watch_store(self) -> None:
         while not self._stopping.is_set():
             try:
@@ -484,7 +478,7 @@ class ReplicaRuntime:
             except StoreError:
                 available = False
             await self._store_health(available)
-            await asyncio.sleep(STORE_CHECK_S if available else SWEEP_S)
+            await sleep(self._clock, STORE_CHECK_S if available else SWEEP_S)
 
     def _store_failed(self) -> None:
         if self.store_available:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from genrm_grpc.cohort.model import (
@@ -58,9 +57,14 @@ def scored(
 
 
 def verdict_record(
-    key: CohortKey, job: Pass, question: tuple[str, str, str], out: JudgeOutcome
+    key: CohortKey,
+    job: Pass,
+    question: tuple[str, str, str],
+    out: JudgeOutcome,
+    finished_at: float,
 ) -> VerdictRecord:
-    """The journal entry of a pass the judge answered (the question it was asked)."""
+    """The journal entry of a pass the judge answered (the question it was asked),
+    at ``finished_at`` (wall-clock seconds, the runtime's)."""
     context, first, second = question
     usage = out.usage
     return VerdictRecord(
@@ -77,5 +81,5 @@ def verdict_record(
         usage=None
         if usage is None
         else (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens),
-        finished_at=time.time(),
+        finished_at=finished_at,
     )

@@ -202,8 +202,12 @@ class CohortServer:
                 store=store,
                 judge_identity=judge_identity(settings),
             )
+        from genrm_grpc.runtime.clock import WallClock
         from genrm_grpc.runtime.replica import ReplicaRuntime
 
+        # Wall-clock seconds: what replicas sharing Redis compare, and the in-process
+        # store's deadline timers and leases count in the same clock as its runtime.
+        clock = WallClock()
         shared: GroupStore
         if redis:
             # Replicas sharing one Redis (docs/scaling.md); imported here so that a server
@@ -223,6 +227,7 @@ class CohortServer:
                 lease_s=settings.replica_lease_s,
                 behind=store if store.survives_restart else None,
                 address=settings.store,
+                clock=clock,
             )
         return ReplicaRuntime(
             self.registry,
@@ -232,6 +237,7 @@ class CohortServer:
             observer=observer,
             judge_identity=judge_identity(settings),
             on_store_health=self._store_health_changed,
+            clock=clock,
         )
 
     def _interceptors(self) -> list[Any]:

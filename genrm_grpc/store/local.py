@@ -17,7 +17,10 @@ What Redis does for the replicas, done here without a round trip:
   its own, renewed as on Redis; a drain releases it.
 - **Indexes** (deadlines, evaluations, tombstone and watermark retention, outcome
   mailboxes) are heaps and insertion-ordered dicts: every call costs O(log n) or
-  amortised O(1) in what is held, never a walk over it.
+  amortised O(1) in what is held, never a walk over it. A deadline is also a timer on
+  the store's ``clock`` while a runtime watches them (:meth:`LocalGroups.watch_due`),
+  which tells it when the key is due: no sweep polls for them. Leases count in the
+  same clock.
 - **Fan-out** is direct: a commit that ends a cohort (or grows one judged eagerly)
   schedules the listeners' callbacks on the loop, after the commit returned, as a
   message on the Redis channel arrives after the script that published it.
@@ -40,10 +43,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
+from genrm_grpc.cohort.clock import Clock
 from genrm_grpc.cohort.model import CohortKey, Tombstone
 from genrm_grpc.cohort.records import (
     Record,
@@ -52,6 +55,7 @@ from genrm_grpc.cohort.records import (
     TombstoneRecord,
     VerdictRecord,
 )
+from genrm_grpc.store.clock import WallClock
 from genrm_grpc.store.durable import DurableStore
 from genrm_grpc.store.group_state import MAILBOX_TTL_S, Committed, GroupState, SharedStats
 from genrm_grpc.store.lease import Lease, LeaseLostError
@@ -126,10 +130,17 @@ class LocalGroups:
         shared_with: LocalGroups | None = None,
         behind: DurableStore | None = None,
         address: str = "memory://",
+        clock: Clock | None = None,
     ) -> None:
         """``behind``: the file every commit is written to before it counts, read back
-        by :meth:`connect` (None: nothing outlives the process)."""
-        self.state: Held = shared_with.state if shared_with is not None else Held(config)
+        by :meth:`connect` (None: nothing outlives the process). ``clock``: the time
+        of its deadlines, leases and retention (wall-clock seconds by default; the
+        store it shares state with decides when ``shared_with`` is given)."""
+        if shared_with is not None:
+            self.state: Held = shared_with.state
+        else:
+            self.state = Held(config, clock if clock is not None else WallClock())
+        self.clock = self.state.clock
         self.address = address
         self.lease_s = lease_s
         self.replica = replica or f"{os.getpid()}/{uuid.uuid4().hex[:8]}"
@@ -145,7 +156,7 @@ class LocalGroups:
         back (StoreSchemaError for a file this server cannot use)."""
         if self.behind is None:
             return 0
-        recovered = await self.behind.open(time.time())
+        recovered = await self.behind.open(self.clock.now())
         self.state.restore(recovered)
         return len(recovered.cohorts)
 
@@ -178,7 +189,7 @@ class LocalGroups:
 
     def _read(self, key: CohortKey, group: Group | None) -> GroupState:
         state = self.state
-        now = time.time()
+        now = self.clock.now()
         self.stats.loads += 1
         mark = state.unexpired_watermark(key.group_scope, now)
         keys = [key]
@@ -232,7 +243,7 @@ class LocalGroups:
 
     async def outcomes(self, keys: Iterable[CohortKey]) -> dict[CohortKey, Tombstone]:
         state = self.state
-        now = time.time()
+        now = self.clock.now()
         found: dict[CohortKey, Tombstone] = {}
         for key in keys:
             mailbox = state.unexpired_mailbox(key, now)
@@ -251,8 +262,17 @@ class LocalGroups:
         return self.state.evaluations.due(now, limit)
 
     async def forget(self, key: CohortKey) -> None:
-        self.state.deadlines.remove(key)
+        self.state.drop_deadline(key)
         self.state.evaluations.remove(key)
+
+    def watch_due(self, on_due: Callable[[CohortKey], None]) -> Callable[[], None] | None:
+        """Deadlines here are the clock's timers: ``on_due(key)`` when one is due (no
+        polling of :meth:`due`); returns what stops it."""
+        return self.state.watch_deadlines(on_due)
+
+    def lease_now(self) -> float:
+        """Now, in the time a lease's ``valid_until`` counts in (the store's clock)."""
+        return self.clock.now()
 
     async def active_keys(self) -> list[CohortKey]:
         """Every active cohort held (a drain that fails them all walks them once)."""
@@ -313,7 +333,7 @@ class LocalGroups:
         if fence is not None and not self.holds(fence):
             self.stats.leases_lost += 1
             return Committed(False, lease_lost=True)
-        now = time.time()
+        now = self.clock.now()
         records = [*records, *held.retention(records, now)]
         group.version = next(held.versions)
         done = _Commit(self, group, key, records, ended, evaluate, collect, grown, now)
@@ -329,7 +349,7 @@ class LocalGroups:
             held.mailbox(tomb, commit.now + MAILBOX_TTL_S)
         token = 0
         lease_of = commit.evaluate if commit.evaluate is not None else commit.collect
-        if lease_of is not None and not held.group(lease_of).lease_held():
+        if lease_of is not None and not held.group(lease_of).lease_held(self.clock.now()):
             token = self._take(lease_of).token
         if commit.evaluate is not None:
             held.evaluations.file(commit.evaluate, commit.now + self.lease_s)
@@ -351,22 +371,23 @@ class LocalGroups:
         held = group.lease if group is not None else None
         # By value (token and holder), as on Redis: a renewal changes only its expiry.
         return (
-            held is not None and held.valid_until > time.monotonic() and held.value == lease.value
+            held is not None and held.valid_until > self.clock.now() and held.value == lease.value
         )
 
     def lease_for(self, key: CohortKey, token: int, taken_at: float | None = None) -> Lease:
         """This process's lease ``token`` on ``key``'s evaluation, valid for ``lease_s``
-        from ``taken_at`` (``time.monotonic()``; now when None)."""
-        started = time.monotonic() if taken_at is None else taken_at
+        from ``taken_at`` (the store's clock; now when None)."""
+        started = self.clock.now() if taken_at is None else taken_at
         scope = group_of(key)
         return Lease(scope, self.replica, token, started + self.lease_s, key=scope)
 
     async def claim(self, key: CohortKey) -> Lease | None:
         """Take over an evaluation whose lease is gone; None when it is held."""
-        if self.state.group(key).lease_held():
+        now = self.clock.now()
+        if self.state.group(key).lease_held(now):
             return None
         lease = self._take(key)
-        self.state.evaluations.file(key, time.time() + self.lease_s)
+        self.state.evaluations.file(key, now + self.lease_s)
         self.stats.takeovers += 1
         return lease
 
@@ -375,9 +396,10 @@ class LocalGroups:
         if not self.holds(lease):
             self.stats.leases_lost += 1
             return None
-        renewed = dataclasses.replace(lease, valid_until=time.monotonic() + self.lease_s)
+        now = self.clock.now()
+        renewed = dataclasses.replace(lease, valid_until=now + self.lease_s)
         self.state.group(key).lease = renewed
-        self.state.evaluations.refile(key, time.time() + self.lease_s)
+        self.state.evaluations.refile(key, now + self.lease_s)
         self.stats.renewals += 1
         return renewed
 

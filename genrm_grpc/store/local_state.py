@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import time
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from genrm_grpc.cohort.clock import Clock, TimerHandle
 from genrm_grpc.cohort.journal import VerdictJournal
 from genrm_grpc.cohort.model import CohortKey, Phase, Tombstone
 from genrm_grpc.cohort.records import (
@@ -61,17 +62,17 @@ class Group:
     active: int = 0  # active cohorts with a header
     tombstones: int = 0
     watermark: WatermarkRecord | None = None
-    #: The evaluation lease, held until its ``valid_until`` (``time.monotonic``).
+    #: The evaluation lease, held until its ``valid_until`` (the store's clock).
     lease: Lease | None = None
     #: A commit being written to the file behind: reads wait for it.
     pending: asyncio.Future[None] | None = None
 
-    def idle(self) -> bool:
+    def idle(self, now: float) -> bool:
         held = self.active or self.tombstones or self.watermark or self.pending
-        return not (held or self.lease_held())
+        return not (held or self.lease_held(now))
 
-    def lease_held(self) -> bool:
-        return self.lease is not None and self.lease.valid_until > time.monotonic()
+    def lease_held(self, now: float) -> bool:
+        return self.lease is not None and self.lease.valid_until > now
 
 
 class Index:
@@ -113,9 +114,16 @@ class Index:
 
 
 class Held:
-    """Everything one in-process deployment holds (module doc)."""
+    """Everything one in-process deployment holds (module doc).
 
-    def __init__(self, config: StoreView) -> None:
+    A cohort's deadline is a ``clock`` timer while someone watches deadlines
+    (:attr:`due_listeners`): one timer per cohort, moved when its deadline is filed at
+    another instant, cancelled when it is taken out. A timer that fires tells every
+    listener the key is due; the decision it asks for checks the deadline again.
+    """
+
+    def __init__(self, config: StoreView, clock: Clock) -> None:
+        self.clock = clock
         self.max_tombstones = config.max_terminal_cohorts
         self.groups: dict[GroupId, Group] = {}
         self.cohorts: dict[CohortKey, Active] = {}
@@ -133,6 +141,9 @@ class Held:
         self.versions = itertools.count(1)
         self.tokens = itertools.count(1)
         self.listeners: list[tuple[Callable[[CohortKey], None], Callable[[CohortKey], None]]] = []
+        #: Told when a cohort's deadline is due (its timer fired).
+        self.due_listeners: list[Callable[[CohortKey], None]] = []
+        self._timers: dict[CohortKey, tuple[float, TimerHandle]] = {}
 
     def group(self, key: CohortKey) -> Group:
         return self._group(group_of(key))
@@ -148,8 +159,63 @@ class Held:
 
     def _forget_if_idle(self, gid: GroupId) -> None:
         group = self.groups.get(gid)
-        if group is not None and group.idle():
+        if group is not None and group.idle(self.clock.now()):
             del self.groups[gid]
+
+    # ------------------------------------------------------------------ deadlines
+    def file_deadline(self, key: CohortKey, instant: float) -> None:
+        """``key`` is due at ``instant``: in the index, and a timer when it is watched."""
+        self.deadlines.file(key, instant)
+        self._arm(key, instant)
+
+    def _arm(self, key: CohortKey, instant: float) -> None:
+        armed = self._timers.get(key)
+        if armed is not None:
+            if armed[0] == instant:
+                return  # (a header written again at the same deadline: one timer)
+            armed[1].cancel()
+            del self._timers[key]
+        if self.due_listeners and math.isfinite(instant):
+            timer = self.clock.call_at(instant, lambda: self._due(key, instant))
+            self._timers[key] = (instant, timer)
+
+    def drop_deadline(self, key: CohortKey) -> None:
+        self.deadlines.remove(key)
+        armed = self._timers.pop(key, None)
+        if armed is not None:
+            armed[1].cancel()
+
+    def deadline_timers(self) -> int:
+        """Deadline timers armed now (one per cohort at most)."""
+        return len(self._timers)
+
+    def _due(self, key: CohortKey, instant: float) -> None:
+        armed = self._timers.get(key)
+        if armed is not None and armed[0] == instant:
+            del self._timers[key]
+        if self.deadlines.at.get(key) != instant:
+            return  # filed again meanwhile (its own timer tells), or taken out
+        for on_due in list(self.due_listeners):
+            on_due(key)
+
+    def watch_deadlines(self, on_due: Callable[[CohortKey], None]) -> Callable[[], None]:
+        """Call ``on_due(key)`` when a deadline is due, from now (those filed already
+        get their timer); returns what stops it."""
+        first = not self.due_listeners
+        self.due_listeners.append(on_due)
+        if first:
+            for key, instant in self.deadlines.at.items():
+                self._arm(key, instant)
+
+        def stop() -> None:
+            if on_due in self.due_listeners:
+                self.due_listeners.remove(on_due)
+            if not self.due_listeners:
+                for _, timer in self._timers.values():
+                    timer.cancel()
+                self._timers.clear()
+
+        return stop
 
     def _active(self, key: CohortKey) -> Active:
         active = self.cohorts.get(key)
@@ -190,12 +256,12 @@ class Held:
         deadline = record.collection_deadline
         if record.phase is Phase.EVALUATING and record.evaluation_deadline is not None:
             deadline = record.evaluation_deadline
-        self.deadlines.file(key, deadline)
+        self.file_deadline(key, deadline)
 
     def _drop_cohort(self, record: DropCohort) -> None:
         key = record.key
         active = self.cohorts.pop(key, None)
-        self.deadlines.remove(key)
+        self.drop_deadline(key)
         self.evaluations.remove(key)
         group = self.group(key)
         group.lease = None

@@ -272,6 +272,16 @@ class SharedGroups:
             pipe.zrem(self._keys.evaluations, member)
             await self._call("an index cleanup", pipe.execute())
 
+    def watch_due(self, on_due: Callable[[CohortKey], None]) -> Callable[[], None] | None:
+        """None: the deadlines are Redis's index, which every replica's sweep polls
+        (:meth:`due`); no replica holds a timer for a deadline another one filed."""
+        return None
+
+    def lease_now(self) -> float:
+        """Now, in the time a lease's ``valid_until`` counts in (``time.monotonic()``:
+        this replica's own, which no clock step moves)."""
+        return time.monotonic()
+
     async def active_keys(self) -> list[CohortKey]:
         """Every active cohort of the deployment (each has a deadline): a full read."""
         raw = await self._call("a deadline read", self._client.zrange(self._keys.deadlines, 0, -1))

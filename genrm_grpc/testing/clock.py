@@ -9,7 +9,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from genrm_grpc.runtime.clock import TimerHandle
+from genrm_grpc.cohort.clock import TimerHandle
 
 __all__ = ["ManualClock"]
 

@@ -5,6 +5,13 @@ The scripted judge stands in for the HTTP judge client: each call blocks on its 
 tests decide exactly when each comparison finishes. Nothing here sleeps for time:
 ``until``/``settle`` only yield to the event loop, which runs ready tasks in FIFO
 order, so every interleaving is reproducible.
+
+Two runtimes are built (``RUNTIME_KINDS``): ``registry`` (``CohortRuntime``, one
+process deciding on its registry) and ``groups`` (``ReplicaRuntime`` over the
+in-process group store, ``memory://``: the one-replica case), both on the test's
+``ManualClock``. On ``groups`` a decision is a task (read, decide, commit), so what a
+registry runtime does within a call happens a few loop turns later: the tests
+``settle`` before they look.
 """
 
 from __future__ import annotations
@@ -12,16 +19,28 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from genrm_grpc.cohort.identity import CandidateInput, ComparisonMode, resolve
-from genrm_grpc.cohort.model import Cohort, MemberCoords, PromptSpec, Submission
+from genrm_grpc.cohort.model import (
+    Cohort,
+    CohortKey,
+    Completed,
+    Masked,
+    MemberCoords,
+    Phase,
+    PromptSpec,
+    Submission,
+    Tombstone,
+)
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
 from genrm_grpc.runtime.engine import CohortRuntime
-from genrm_grpc.runtime.live import JudgeSchedule
+from genrm_grpc.runtime.live import JudgeSchedule, Ticket
+from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring.types import Verdict
+from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.testing import ManualClock
 
@@ -30,6 +49,14 @@ COLLECTION_S = 100.0
 EVALUATION_S = 50.0
 DEFAULT_VERDICT = Verdict(4.0, 2.0, 2.0)
 USAGE = TokenUsage(input_tokens=100, output_tokens=10, reasoning_tokens=3)
+#: The groups runtime's evaluation lease in the tests: longer than any jump a test
+#: makes with its ManualClock (a jump is time the whole process lives through at once,
+#: renewals included), unless a test is about the lease.
+LEASE_S = 3600.0
+
+RuntimeKind: TypeAlias = Literal["registry", "groups"]
+RUNTIME_KINDS: tuple[RuntimeKind, ...] = ("registry", "groups")
+Runtime: TypeAlias = CohortRuntime | ReplicaRuntime
 
 
 def text(gid: str | None, i: int, attempt: int | None = 0) -> str:
@@ -156,9 +183,16 @@ def make_runtime(
     mode: ComparisonMode = "rollout_cohort",
     position_debias: bool = False,
     max_queued_compare_passes: int = 4096,
+    kind: RuntimeKind = "registry",
     **scoring: Any,
-) -> CohortRuntime:
-    """A runtime over one ``Settings``; ``scoring`` are further keys (scoring knobs)."""
+) -> Runtime:
+    """A runtime over one ``Settings``; ``scoring`` are further keys (scoring knobs).
+
+    ``groups``: not opened yet (:func:`open_runtime` does, and :func:`close_runtime`
+    stops it); ``registry`` needs neither.
+    """
+    if kind == "groups":
+        scoring = {"runtime": "groups", "replica_lease_s": LEASE_S, **scoring}
     settings = Settings(
         cohort_collection_timeout_s=collection_s,
         cohort_evaluation_timeout_s=evaluation_s,
@@ -173,7 +207,54 @@ def make_runtime(
         **scoring,
     )
     registry = CohortRegistry(settings, MemoryStore(settings))
-    return CohortRuntime(registry, judge, settings, clock=clock)
+    if kind == "registry":
+        return CohortRuntime(registry, judge, settings, clock=clock)
+    shared = LocalGroups(settings, lease_s=settings.replica_lease_s, clock=clock)
+    # No batching window: a decision starts at the next loop turn, with whatever queued
+    # by then (the window is loop time, which the tests do not wait for).
+    return ReplicaRuntime(registry, judge, settings, shared=shared, clock=clock, batch_window_s=0.0)
+
+
+async def open_runtime(runtime: Runtime) -> Runtime:
+    if isinstance(runtime, ReplicaRuntime):
+        await runtime.open()
+    return runtime
+
+
+async def close_runtime(runtime: Runtime) -> None:
+    """Stop what a test left running (the groups runtime's background work)."""
+    if isinstance(runtime, ReplicaRuntime):
+        await runtime.shutdown(0)  # (again, if the test did: nothing is left to stop)
+        await runtime.close()
+
+
+async def submit(runtime: Runtime, member: Submission, **kw: Any) -> Ticket:
+    """One member's decision, the call both runtimes answer."""
+    return await runtime.submit(member, **kw)
+
+
+async def lookup(runtime: Runtime, key: CohortKey) -> Cohort | Tombstone | None:
+    """``key`` as the runtime's store holds it now: the live cohort on ``registry``, a
+    copy read from the group store on ``groups``."""
+    registry, now = await runtime.view(key)
+    return registry.lookup(key, now)
+
+
+async def phase_of(runtime: Runtime, key: CohortKey) -> Phase | None:
+    """The phase of ``key``'s cohort now, an ended one's from its tombstone."""
+    found = await lookup(runtime, key)
+    if isinstance(found, Cohort):
+        return found.phase
+    if isinstance(found, Tombstone):
+        completed = isinstance(found.outcome, Completed | Masked)
+        return Phase.COMPLETED if completed else Phase.FAILED
+    return None
+
+
+async def advance(clock: ManualClock, seconds: float) -> None:
+    """Move time and let what its timers started run (a groups decision is a task)."""
+    clock.advance(seconds)
+    await settle()
 
 
 async def until(predicate: Callable[[], bool], *, spins: int = 2000) -> None:
@@ -192,23 +273,40 @@ async def settle(spins: int = 50) -> None:
 
 
 async def assert_no_leaks(
-    runtime: CohortRuntime,
+    runtime: Runtime,
     *,
     judge: ScriptedJudge | None = None,
     cohorts: Iterable[Cohort] = (),
 ) -> None:
-    """After a scenario: no task, waiter, permit or cohort body is left behind."""
+    """After a scenario: no task, waiter, permit or cohort body is left behind.
+
+    ``registry``: the registry holds no active cohort and the ended cohorts' bodies are
+    freed. ``groups``: the group store holds no active cohort, deadline (nor its
+    timer) or evaluation, and the runtime no decision, cached group state or
+    evaluation (``cohorts`` are copies there: their keys are checked in the store).
+    """
+    await settle()
     await runtime.drain_tasks()
     stats = runtime.stats()
     assert stats["owned_tasks"] == 0, stats
     assert stats["judge_in_flight"] == 0, stats
     assert stats["waiters"] == 0, stats
-    assert stats["active_cohorts"] == 0, stats
     assert stats["live_cohorts"] == 0, stats
-    for cohort in cohorts:
-        assert not cohort.active, cohort.key
-        assert cohort.members == {}, cohort.key
-        assert cohort.snapshot is None, cohort.key
+    if isinstance(runtime, ReplicaRuntime):
+        assert stats["evaluating_here"] == 0, stats
+        assert runtime.decisions.pending() == (0, 0)
+        assert isinstance(runtime.shared, LocalGroups)
+        held = runtime.shared.state
+        assert held.active_total == 0 and not held.cohorts, list(held.cohorts)
+        assert not held.deadlines.at and held.deadline_timers() == 0, held.deadlines.at
+        assert not held.evaluations.at, held.evaluations.at
+        assert {c.key for c in cohorts}.isdisjoint(held.cohorts)
+    else:
+        assert stats["active_cohorts"] == 0, stats
+        for cohort in cohorts:
+            assert not cohort.active, cohort.key
+            assert cohort.members == {}, cohort.key
+            assert cohort.snapshot is None, cohort.key
     if judge is not None:
         assert judge.in_flight == 0
         assert not judge.blocked()

@@ -11,7 +11,8 @@ from genrm_grpc.cohort.model import CandidateSpec, Completed
 from genrm_grpc.runtime.live import CompareCapacityError
 from genrm_grpc.testing import ManualClock
 
-from .support import PROMPT, ScriptedJudge, assert_no_leaks, make_runtime, sub, until
+from .conftest import Make
+from .support import PROMPT, ScriptedJudge, assert_no_leaks, sub, until
 
 
 def _candidates(n: int, tag: str = "cmp") -> list[CandidateSpec]:
@@ -21,12 +22,12 @@ def _candidates(n: int, tag: str = "cmp") -> list[CandidateSpec]:
 
 
 async def test_a_cohort_ready_during_a_large_compare_is_judged_between_its_passes(
-    judge: ScriptedJudge, clock: ManualClock
+    make: Make, judge: ScriptedJudge, clock: ManualClock
 ) -> None:
-    rt = make_runtime(judge, clock, concurrency=1)
+    rt = await make(judge, clock, concurrency=1)
     compare = asyncio.create_task(rt.compare(PROMPT, _candidates(8)))  # 8 circular passes
     await until(lambda: len(judge.calls) == 1)  # the compare holds the only permit
-    tickets = [rt.decide(sub(k, gid="train", size=2)) for k in range(2)]  # 2 passes
+    tickets = [await rt.submit(sub(k, gid="train", size=2)) for k in range(2)]  # 2 passes
     await until(lambda: rt.stats()["judge_waiting"] == 7 + 2)  # all passes queued
     order = []
     for n in range(10):  # one permit: call n starts only after call n-1 finished
@@ -42,9 +43,9 @@ async def test_a_cohort_ready_during_a_large_compare_is_judged_between_its_passe
 
 
 async def test_compares_beyond_the_queued_pass_bound_are_refused_and_counted_back(
-    judge: ScriptedJudge, clock: ManualClock
+    make: Make, judge: ScriptedJudge, clock: ManualClock
 ) -> None:
-    rt = make_runtime(judge, clock, concurrency=1, max_queued_compare_passes=10)
+    rt = await make(judge, clock, concurrency=1, max_queued_compare_passes=10)
     big = asyncio.create_task(rt.compare(PROMPT, _candidates(12, "big")))  # alone: admitted
     await until(lambda: len(judge.calls) == 1)
     with pytest.raises(CompareCapacityError, match="max_queued_compare_passes=10"):

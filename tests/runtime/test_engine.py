@@ -25,11 +25,12 @@ from genrm_grpc.cohort.model import (
     Outcome,
     Phase,
     Reason,
+    Tombstone,
 )
 from genrm_grpc.cohort.registry import Disposition
 from genrm_grpc.judge.client import JudgeFailedError
-from genrm_grpc.runtime.engine import CohortRuntime
-from genrm_grpc.runtime.live import PairProgress, Ticket
+from genrm_grpc.runtime.live import CallInterrupted, PairProgress, Ticket
+from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring import aggregate, judge_passes
 from genrm_grpc.scoring.types import (
     AnswerTexts,
@@ -38,16 +39,21 @@ from genrm_grpc.scoring.types import (
     MemberScore,
     Verdict,
 )
+from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.testing import ManualClock
 
+from .conftest import Make
 from .support import (
     COLLECTION_S,
     EVALUATION_S,
     PROMPT,
     Call,
+    Runtime,
     ScriptedJudge,
+    advance,
     assert_no_leaks,
-    make_runtime,
+    lookup,
+    phase_of,
     settle,
     sub,
     text,
@@ -81,14 +87,42 @@ def done(ticket: Ticket) -> bool:
     return ticket.waiter.future.done()
 
 
-def cohort_of(runtime: CohortRuntime, **kw: Any) -> Cohort:
-    cohort = runtime.registry.active(sub(0, **kw).key)
-    assert cohort is not None
+async def cohort_of(runtime: Runtime, **kw: Any) -> Cohort:
+    """The active cohort of ``sub(0, **kw)``: the live one on ``registry``, a copy on
+    ``groups`` (read its phase again with ``phase_of``)."""
+    cohort = await lookup(runtime, sub(0, **kw).key)
+    assert isinstance(cohort, Cohort), cohort
     return cohort
 
 
-def fill(runtime: CohortRuntime, size: int = 3, **kw: Any) -> list[Ticket]:
-    return [accepted(runtime.decide(sub(i, size=size, **kw))) for i in range(size)]
+async def fill(runtime: Runtime, size: int = 3, **kw: Any) -> list[Ticket]:
+    return [accepted(await runtime.submit(sub(i, size=size, **kw))) for i in range(size)]
+
+
+async def assert_ended(runtime: Runtime, cohort: Cohort, outcome: Outcome, phase: Phase) -> None:
+    """``cohort`` ended with ``outcome``: the very object on ``registry``; on ``groups``
+    (where ``cohort`` is a copy) its tombstone's, by value."""
+    assert await phase_of(runtime, cohort.key) is phase
+    if isinstance(runtime, ReplicaRuntime):
+        found = await lookup(runtime, cohort.key)
+        assert isinstance(found, Tombstone) and found.outcome == outcome, found
+    else:
+        assert cohort.outcome is outcome and cohort.phase is phase
+
+
+def deadline_timers(runtime: Runtime, clock: ManualClock) -> int:
+    """Deadline timers still armed (``groups``: the store's; its sweeps' are not)."""
+    if isinstance(runtime, ReplicaRuntime):
+        assert isinstance(runtime.shared, LocalGroups)
+        return runtime.shared.state.deadline_timers()
+    return clock.pending()
+
+
+def active_count(runtime: Runtime) -> int:
+    if isinstance(runtime, ReplicaRuntime):
+        assert isinstance(runtime.shared, LocalGroups)
+        return runtime.shared.state.active_total
+    return runtime.registry.active_count()
 
 
 def index_of(answer: str) -> int:
@@ -109,15 +143,15 @@ def judged_from(calls: list[Call]) -> list[JudgedPair]:
 
 
 async def test_a_full_group_is_judged_once_per_pair_and_judge_and_published_together(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, num_judges_per_comparison=2)
+    rt = await make(judge, clock, num_judges_per_comparison=2)
     progress: list[PairProgress] = []
-    tickets = [accepted(rt.decide(sub(i), on_progress=progress.append)) for i in range(2)]
+    tickets = [accepted(await rt.submit(sub(i), on_progress=progress.append)) for i in range(2)]
     await settle()
     assert judge.calls == []  # after_collection: nothing is judged before the group is full
-    tickets.append(accepted(rt.decide(sub(2))))
-    cohort = cohort_of(rt)
+    tickets.append(accepted(await rt.submit(sub(2))))
+    cohort = await cohort_of(rt)
     assert cohort.phase is Phase.EVALUATING
 
     plan = judge_passes(3, "circular", 2)
@@ -157,17 +191,18 @@ async def test_a_full_group_is_judged_once_per_pair_and_judge_and_published_toge
     assert outcome.metrics["mean_individual_score"] == expected.metrics["mean_individual_score"]
     assert outcome.metrics["judge_output_tokens_total"] == 60.0
     assert rt.judge_calls == 6
-    assert cohort.phase is Phase.COMPLETED
+    assert await phase_of(rt, cohort.key) is Phase.COMPLETED
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
 async def test_concurrent_identical_submissions_attach_to_one_outcome(
+    make: Make,
     clock: ManualClock,
 ) -> None:
-    judge = ScriptedJudge(auto=True)
-    rt = make_runtime(judge, clock)
+    judge = ScriptedJudge()
+    rt = await make(judge, clock)
     members = [0, 0, 0, 1, 1, 2]
-    tickets = [rt.decide(sub(i)) for i in members]
+    tickets = list(await asyncio.gather(*(rt.submit(sub(i)) for i in members)))
     assert [t.disposition for t in tickets] == [
         Disposition.ACCEPTED,
         Disposition.ATTACHED,
@@ -177,15 +212,17 @@ async def test_concurrent_identical_submissions_attach_to_one_outcome(
         Disposition.ACCEPTED,
     ]
     # Identical members arriving while it is evaluating attach too, at no cost.
-    tickets += [accepted(rt.decide(sub(i))) for i in range(3)]
+    tickets += [accepted(await rt.submit(sub(i))) for i in range(3)]
     assert tickets[-1].disposition is Disposition.ATTACHED
-    cohort = cohort_of(rt)
+    cohort = await cohort_of(rt)
+    await until(lambda: len(judge.calls) == 3)
+    judge.release_all()
     outcomes = await asyncio.gather(*(t.waiter.wait() for t in tickets if t.waiter))
     assert all(o is outcomes[0] for o in outcomes)
     assert isinstance(outcomes[0], Completed)
     assert len(judge.calls) == rt.judge_calls == 3
     # After completion an identical member replays, still without a judge call.
-    replay = rt.decide(sub(1))
+    replay = await rt.submit(sub(1))
     assert replay.disposition is Disposition.REPLAYED
     assert replay.replay is not None and replay.replay.outcome == outcomes[0]
     assert len(judge.calls) == 3
@@ -193,14 +230,14 @@ async def test_concurrent_identical_submissions_attach_to_one_outcome(
 
 
 async def test_a_different_response_racing_an_identical_one_for_a_slot(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
+    rt = await make(judge, clock)
     go = asyncio.Event()
 
     async def submit_when_told(answer: str | None) -> Ticket:
         await go.wait()
-        return rt.decide(sub(0, answer=answer))
+        return await rt.submit(sub(0, answer=answer))
 
     racers = [
         asyncio.create_task(submit_when_told(None)),
@@ -214,7 +251,7 @@ async def test_a_different_response_racing_an_identical_one_for_a_slot(
     dispositions = [t.disposition for t in tickets]
     assert dispositions.count(Disposition.ACCEPTED) == 1
     winner = next(t for t in tickets if t.disposition is Disposition.ACCEPTED)
-    cohort = cohort_of(rt)
+    cohort = await cohort_of(rt)
     winning_digest = cohort.members[0].candidate.digest
     for ticket, answer in zip(tickets, [None, "Saturn, definitely."] * 2, strict=True):
         same = sub(0, answer=answer).candidate.digest == winning_digest
@@ -233,25 +270,25 @@ async def test_a_different_response_racing_an_identical_one_for_a_slot(
 
 
 async def test_supersession_during_evaluation_fails_the_old_attempt_and_fences_its_judge(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
-    old_tickets = fill(rt, attempt=0)
-    old = cohort_of(rt, attempt=0)
+    rt = await make(judge, clock)
+    old_tickets = await fill(rt, attempt=0)
+    old = await cohort_of(rt, attempt=0)
     await until(lambda: len(judge.calls) == 3)
     judge.calls[0].stubborn = True  # this old call will answer late, despite the cancel
     judge.calls[1].release(Verdict(5, 1, 1))  # and this one finished before supersession
     await settle()
 
     progress: list[PairProgress] = []
-    new_first = accepted(rt.decide(sub(0, attempt=1), on_progress=progress.append))
+    new_first = accepted(await rt.submit(sub(0, attempt=1), on_progress=progress.append))
     assert new_first.disposition is Disposition.ACCEPTED
     # The old attempt's waiters learn at once that it failed.
     for ticket in old_tickets:
         outcome = outcome_now(ticket)
         assert isinstance(outcome, Failed)
         assert "superseded by attempt 1" in outcome.reason
-    assert old.phase is Phase.FAILED
+    assert await phase_of(rt, old.key) is Phase.FAILED
     await until(lambda: judge.calls[2].state == "cancelled")
     assert judge.calls[0].cancels_ignored >= 1
 
@@ -262,8 +299,8 @@ async def test_supersession_during_evaluation_fails_the_old_attempt_and_fences_i
     assert progress == []
     assert len(judge.calls) == 3
 
-    new_tickets = [new_first] + [accepted(rt.decide(sub(i, attempt=1))) for i in (1, 2)]
-    new = cohort_of(rt, attempt=1)
+    new_tickets = [new_first] + [accepted(await rt.submit(sub(i, attempt=1))) for i in (1, 2)]
+    new = await cohort_of(rt, attempt=1)
     await until(lambda: len(judge.calls) == 6)
     new_verdicts = [Verdict(2, 3, 4), Verdict(3, 3, 3), Verdict(4, 1, 2)]
     for call, verdict in zip(judge.calls[3:], new_verdicts, strict=True):
@@ -275,18 +312,18 @@ async def test_supersession_during_evaluation_fails_the_old_attempt_and_fences_i
     seen = {p.verdict for r in outcome.rewards for p in r.comparisons}
     assert seen == set(new_verdicts)
     assert {p.key for p in progress} == {new.key} and len(progress) == 3
-    rejected(rt.decide(sub(0, attempt=0)), Reason.ATTEMPT_SUPERSEDED)
+    rejected(await rt.submit(sub(0, attempt=0)), Reason.ATTEMPT_SUPERSEDED)
     assert rt.judge_calls == 6
     await assert_no_leaks(rt, judge=judge, cohorts=[old, new])
 
 
 async def test_cancel_cohort_during_evaluation_fails_waiters_and_cancels_judging(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
-    tickets = fill(rt)
-    tickets.append(accepted(rt.decide(sub(1))))
-    cohort = cohort_of(rt)
+    rt = await make(judge, clock)
+    tickets = await fill(rt)
+    tickets.append(accepted(await rt.submit(sub(1))))
+    cohort = await cohort_of(rt)
     await until(lambda: len(judge.calls) == 3)
     judge.calls[0].release()
     await settle()
@@ -298,14 +335,14 @@ async def test_cancel_cohort_during_evaluation_fails_waiters_and_cancels_judging
     assert not await rt.cancel_cohort(cohort.key, "again")
     await rt.drain_tasks()
     assert [c.state for c in judge.calls] == ["done", "cancelled", "cancelled"]
-    message = rejected(rt.decide(sub(2)), Reason.COHORT_FAILED)
+    message = rejected(await rt.submit(sub(2)), Reason.COHORT_FAILED)
     assert "cancelled by the operator" in message
     assert len(judge.calls) == 3
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
-async def test_cancel_cohort_of_an_unknown_key_is_false(clock: ManualClock) -> None:
-    rt = make_runtime(ScriptedJudge(), clock)
+async def test_cancel_cohort_of_an_unknown_key_is_false(make: Make, clock: ManualClock) -> None:
+    rt = await make(ScriptedJudge(), clock)
     assert not await rt.cancel_cohort(CohortKey("nope", None, 0), "x")
     await assert_no_leaks(rt)
 
@@ -314,71 +351,72 @@ async def test_cancel_cohort_of_an_unknown_key_is_false(clock: ManualClock) -> N
 
 
 async def test_the_collection_deadline_racing_the_last_member_gives_one_disposition(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
-    first = [accepted(rt.decide(sub(i))) for i in (0, 1)]
-    cohort = cohort_of(rt)
+    rt = await make(judge, clock)
+    first = [accepted(await rt.submit(sub(i))) for i in (0, 1)]
+    cohort = await cohort_of(rt)
     deadline = clock.now() + COLLECTION_S
     clock.set(deadline)  # the deadline is due, but its timer has not run
-    last = rt.decide(sub(2))
+    last = await rt.submit(sub(2))
     message = rejected(last, Reason.COHORT_FAILED)
     assert "collection deadline expired" in message
     outcomes = [outcome_now(t) for t in first]
     assert isinstance(outcomes[0], Failed) and outcomes[1] is outcomes[0]
     assert "2/3 members; missing rollout_index: 2" in outcomes[0].reason
     clock.fire_due()  # the timer now runs late: a no-op
-    assert clock.pending() == 0
-    assert cohort.outcome is outcomes[0] and cohort.phase is Phase.FAILED
+    assert deadline_timers(rt, clock) == 0
+    await assert_ended(rt, cohort, outcomes[0], Phase.FAILED)
     await settle()
     assert judge.calls == []
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
 async def test_the_collection_deadline_fails_a_waiting_cohort_and_later_members(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
-    ticket = accepted(rt.decide(sub(0)))
-    cohort = cohort_of(rt)
-    clock.advance(COLLECTION_S - 1)
+    rt = await make(judge, clock)
+    ticket = accepted(await rt.submit(sub(0)))
+    cohort = await cohort_of(rt)
+    await advance(clock, COLLECTION_S - 1)
     assert not done(ticket)
-    clock.advance(1)
+    await advance(clock, 1)
     outcome = outcome_now(ticket)
     assert isinstance(outcome, Failed) and "collection deadline" in outcome.reason
-    rejected(rt.decide(sub(1)), Reason.COHORT_FAILED)
-    rejected(rt.decide(sub(0)), Reason.COHORT_FAILED)
+    rejected(await rt.submit(sub(1)), Reason.COHORT_FAILED)
+    rejected(await rt.submit(sub(0)), Reason.COHORT_FAILED)
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
 async def test_a_late_collection_timer_never_changes_a_completed_cohort(
+    make: Make,
     clock: ManualClock,
 ) -> None:
     judge = ScriptedJudge(auto=True)
-    rt = make_runtime(judge, clock)
-    tickets = fill(rt)
-    cohort = cohort_of(rt)
+    rt = await make(judge, clock)
+    tickets = await fill(rt)
+    cohort = await cohort_of(rt)
     outcome = await tickets[0].waiter.wait()  # type: ignore[union-attr]
     assert isinstance(outcome, Completed)
-    clock.advance(COLLECTION_S + EVALUATION_S + 1)
-    assert cohort.outcome is outcome and cohort.phase is Phase.COMPLETED
-    assert rt.decide(sub(0)).disposition is Disposition.REPLAYED
+    await advance(clock, COLLECTION_S + EVALUATION_S + 1)
+    await assert_ended(rt, cohort, outcome, Phase.COMPLETED)
+    assert (await rt.submit(sub(0))).disposition is Disposition.REPLAYED
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
 async def test_the_evaluation_deadline_masks_the_cohort_and_discards_late_results(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
-    tickets = fill(rt)
-    cohort = cohort_of(rt)
+    rt = await make(judge, clock)
+    tickets = await fill(rt)
+    cohort = await cohort_of(rt)
     await until(lambda: len(judge.calls) == 3)
     judge.calls[0].release()
     judge.calls[1].stubborn = True
     await settle()
-    clock.advance(EVALUATION_S - 1)
+    await advance(clock, EVALUATION_S - 1)
     assert not any(done(t) for t in tickets)
-    clock.advance(1)
+    await advance(clock, 1)
     outcome = outcome_now(tickets[0])
     assert isinstance(outcome, Masked)
     assert f"cohort_evaluation_timeout_s={EVALUATION_S:g}" in outcome.reason
@@ -388,8 +426,8 @@ async def test_the_evaluation_deadline_masks_the_cohort_and_discards_late_result
     judge.calls[1].release(Verdict(5, 1, 1))
     await rt.drain_tasks()
     assert judge.calls[1].state == "done"
-    assert cohort.outcome is outcome and cohort.phase is Phase.COMPLETED
-    replay = rt.decide(sub(2))
+    await assert_ended(rt, cohort, outcome, Phase.COMPLETED)
+    replay = await rt.submit(sub(2))
     assert replay.disposition is Disposition.REPLAYED
     assert replay.replay is not None and replay.replay.outcome == outcome
     assert len(judge.calls) == 3
@@ -400,11 +438,11 @@ async def test_the_evaluation_deadline_masks_the_cohort_and_discards_late_result
 
 
 async def test_a_judge_failure_masks_everyone_and_cancels_the_other_comparisons(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, concurrency=2)
-    tickets = fill(rt, size=4)  # circular: 4 comparisons, 2 at a time
-    cohort = cohort_of(rt, size=4)
+    rt = await make(judge, clock, concurrency=2)
+    tickets = await fill(rt, size=4)  # circular: 4 comparisons, 2 at a time
+    cohort = await cohort_of(rt, size=4)
     await until(lambda: len(judge.calls) == 2)
     await settle()
     assert len(judge.calls) == 2 and rt.stats()["judge_in_flight"] == 2
@@ -417,16 +455,16 @@ async def test_a_judge_failure_masks_everyone_and_cancels_the_other_comparisons(
     await rt.drain_tasks()
     assert [c.state for c in judge.calls] == ["failed", "cancelled"]
     assert len(judge.calls) == rt.judge_calls == 2  # the queued comparisons never ran
-    assert rt.decide(sub(3, size=4)).disposition is Disposition.REPLAYED
+    assert (await rt.submit(sub(3, size=4))).disposition is Disposition.REPLAYED
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
 async def test_a_judge_failure_with_every_comparison_in_flight_cancels_them_all(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, comparison_strategy="all_pairs")
-    tickets = fill(rt, size=4)
-    cohort = cohort_of(rt, size=4)
+    rt = await make(judge, clock, comparison_strategy="all_pairs")
+    tickets = await fill(rt, size=4)
+    cohort = await cohort_of(rt, size=4)
     await until(lambda: len(judge.calls) == 6)
     judge.calls[0].release()
     judge.calls[3].fail("judge failed: no answer")
@@ -440,11 +478,11 @@ async def test_a_judge_failure_with_every_comparison_in_flight_cancels_them_all(
 
 
 async def test_an_unexpected_judge_error_fails_the_cohort(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
-    tickets = fill(rt)
-    cohort = cohort_of(rt)
+    rt = await make(judge, clock)
+    tickets = await fill(rt)
+    cohort = await cohort_of(rt)
     await until(lambda: len(judge.calls) == 3)
     judge.calls[1].raise_(RuntimeError("bug in the judge client"))
     await until(lambda: done(tickets[0]))
@@ -455,7 +493,7 @@ async def test_an_unexpected_judge_error_fails_the_cohort(
 
 @pytest.mark.parametrize("how", ["infinite verdict", "nan reward", "too few rewards"])
 async def test_rewards_that_are_not_finite_or_not_one_per_member_fail_the_cohort(
-    how: str, clock: ManualClock, judge: ScriptedJudge, monkeypatch: pytest.MonkeyPatch
+    make: Make, how: str, clock: ManualClock, judge: ScriptedJudge, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if how != "infinite verdict":
         real = aggregate
@@ -470,9 +508,9 @@ async def test_rewards_that_are_not_finite_or_not_one_per_member_fail_the_cohort
             return GroupScores(tuple(members), scores.metrics)
 
         monkeypatch.setattr("genrm_grpc.runtime.scored.aggregate", broken)
-    rt = make_runtime(judge, clock)
-    tickets = fill(rt)
-    cohort = cohort_of(rt)
+    rt = await make(judge, clock)
+    tickets = await fill(rt)
+    cohort = await cohort_of(rt)
     await until(lambda: len(judge.calls) == 3)
     verdict = Verdict(math.inf, 1.0, 3.0) if how == "infinite verdict" else None
     judge.release_all(verdict)
@@ -481,7 +519,7 @@ async def test_rewards_that_are_not_finite_or_not_one_per_member_fail_the_cohort
     assert isinstance(outcome, Failed), outcome
     assert "aggregation produced" in outcome.reason and "nothing was published" in outcome.reason
     assert all(outcome_now(t) is outcome for t in tickets)
-    message = rejected(rt.decide(sub(0)), Reason.COHORT_FAILED)
+    message = rejected(await rt.submit(sub(0)), Reason.COHORT_FAILED)
     assert "aggregation produced" in message
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
@@ -489,36 +527,36 @@ async def test_rewards_that_are_not_finite_or_not_one_per_member_fail_the_cohort
 # ---------------------------------------------------------------- isolation, waiters
 
 
-async def test_cohorts_never_wake_each_other(clock: ManualClock) -> None:
+async def test_cohorts_never_wake_each_other(make: Make, clock: ManualClock) -> None:
     judge = ScriptedJudge(auto=True)
-    rt = make_runtime(judge, clock)
-    waiting = accepted(rt.decide(sub(0, gid="b", size=2)))
-    other_prompt = accepted(rt.decide(sub(0, gid=None, task_index=1, size=2)))
-    finished = fill(rt, size=2, gid="a")
+    rt = await make(judge, clock)
+    waiting = accepted(await rt.submit(sub(0, gid="b", size=2)))
+    other_prompt = accepted(await rt.submit(sub(0, gid=None, task_index=1, size=2)))
+    finished = await fill(rt, size=2, gid="a")
     outcome = await finished[0].waiter.wait()  # type: ignore[union-attr]
     assert isinstance(outcome, Completed)
     await settle()
     assert not done(waiting) and not done(other_prompt)
     stats = rt.stats()
     assert stats["live_cohorts"] == 2 and stats["waiters"] == 2
-    b = cohort_of(rt, gid="b", size=2)
+    b = await cohort_of(rt, gid="b", size=2)
     assert b.phase is Phase.COLLECTING
 
     # The waiting cohorts finish on their own terms.
-    accepted(rt.decide(sub(1, gid="b", size=2)))
+    accepted(await rt.submit(sub(1, gid="b", size=2)))
     assert isinstance(await waiting.waiter.wait(), Completed)  # type: ignore[union-attr]
-    clock.advance(COLLECTION_S)
+    await advance(clock, COLLECTION_S)
     assert isinstance(outcome_now(other_prompt), Failed)
     await assert_no_leaks(rt, judge=judge, cohorts=[b])
 
 
 async def test_a_cancelled_waiter_removes_only_itself_and_an_identical_retry_reattaches(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
-    first = accepted(rt.decide(sub(0, size=2)))
-    stays = accepted(rt.decide(sub(0, size=2)))
-    cohort = cohort_of(rt, size=2)
+    rt = await make(judge, clock)
+    first = accepted(await rt.submit(sub(0, size=2)))
+    stays = accepted(await rt.submit(sub(0, size=2)))
+    cohort = await cohort_of(rt, size=2)
     task = asyncio.create_task(first.waiter.wait())  # type: ignore[union-attr]
     await settle()
     assert rt.stats()["waiters"] == 2
@@ -528,9 +566,9 @@ async def test_a_cancelled_waiter_removes_only_itself_and_an_identical_retry_rea
     assert rt.stats()["waiters"] == 1
     assert sorted(cohort.members) == [0] and cohort.phase is Phase.COLLECTING
 
-    retry = rt.decide(sub(0, size=2))
+    retry = await rt.submit(sub(0, size=2))
     assert retry.disposition is Disposition.ATTACHED
-    last = accepted(rt.decide(sub(1, size=2)))
+    last = accepted(await rt.submit(sub(1, size=2)))
     await until(lambda: len(judge.calls) == 2)
     judge.release_all()
     outcome = await retry.waiter.wait()  # type: ignore[union-attr]
@@ -542,11 +580,11 @@ async def test_a_cancelled_waiter_removes_only_itself_and_an_identical_retry_rea
 
 
 async def test_cancelling_every_waiter_keeps_the_cohort_and_its_judging(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
-    tickets = fill(rt)
-    cohort = cohort_of(rt)
+    rt = await make(judge, clock)
+    tickets = await fill(rt)
+    cohort = await cohort_of(rt)
     await until(lambda: len(judge.calls) == 3)
     tasks = [asyncio.create_task(t.waiter.wait()) for t in tickets if t.waiter]
     await settle()
@@ -555,7 +593,7 @@ async def test_cancelling_every_waiter_keeps_the_cohort_and_its_judging(
     await asyncio.gather(*tasks, return_exceptions=True)
     assert rt.stats()["waiters"] == 0 and cohort.phase is Phase.EVALUATING
     assert all(c.state == "blocked" for c in judge.calls)
-    again = accepted(rt.decide(sub(2)))
+    again = accepted(await rt.submit(sub(2)))
     judge.release_all()
     assert isinstance(await again.waiter.wait(), Completed)  # type: ignore[union-attr]
     assert len(judge.calls) == 3
@@ -566,12 +604,12 @@ async def test_cancelling_every_waiter_keeps_the_cohort_and_its_judging(
 
 
 async def test_shutdown_with_the_grace_expired_fails_everything_and_drains_tasks(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
-    evaluating = fill(rt, gid="e")
-    collecting = accepted(rt.decide(sub(0, gid="c")))
-    cohorts = [cohort_of(rt, gid="e"), cohort_of(rt, gid="c")]
+    rt = await make(judge, clock)
+    evaluating = await fill(rt, gid="e")
+    collecting = accepted(await rt.submit(sub(0, gid="c")))
+    cohorts = [await cohort_of(rt, gid="e"), await cohort_of(rt, gid="c")]
     await until(lambda: len(judge.calls) == 3)
     judge.calls[0].release()
     await settle()
@@ -581,18 +619,28 @@ async def test_shutdown_with_the_grace_expired_fails_everything_and_drains_tasks
         outcome = outcome_now(ticket)
         assert isinstance(outcome, Failed) and outcome.reason == "server is shutting down"
     assert [c.state for c in judge.calls] == ["done", "cancelled", "cancelled"]
-    rejected(rt.decide(sub(0, gid="new")), Reason.SHUTTING_DOWN)
-    assert "server is shutting down" in rejected(rt.decide(sub(0, gid="e")), Reason.COHORT_FAILED)
+    if isinstance(rt, ReplicaRuntime):
+        # By design a stopped replica decides nothing (no decision of it could be
+        # waited for): every later member is interrupted, saying nothing resumes.
+        for late in (sub(0, gid="new"), sub(0, gid="e")):
+            with pytest.raises(CallInterrupted, match="keeps nothing") as stopped:
+                await rt.submit(late)
+            assert stopped.value.reason is Reason.SHUTTING_DOWN
+    else:
+        rejected(await rt.submit(sub(0, gid="new")), Reason.SHUTTING_DOWN)
+        assert "server is shutting down" in rejected(
+            await rt.submit(sub(0, gid="e")), Reason.COHORT_FAILED
+        )
     await assert_no_leaks(rt, judge=judge, cohorts=cohorts)
 
 
 async def test_evaluations_that_finish_within_the_shutdown_grace_publish_normally(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
-    evaluating = fill(rt, gid="e")
-    collecting = accepted(rt.decide(sub(0, gid="c")))
-    cohorts = [cohort_of(rt, gid="e"), cohort_of(rt, gid="c")]
+    rt = await make(judge, clock)
+    evaluating = await fill(rt, gid="e")
+    collecting = accepted(await rt.submit(sub(0, gid="c")))
+    cohorts = [await cohort_of(rt, gid="e"), await cohort_of(rt, gid="c")]
     await until(lambda: len(judge.calls) == 3)
 
     shutdown = asyncio.create_task(rt.shutdown(grace_s=600))
@@ -600,9 +648,9 @@ async def test_evaluations_that_finish_within_the_shutdown_grace_publish_normall
     await settle()
     assert not shutdown.done()
     # While draining: no new cohort, no new slot, but identical members attach.
-    rejected(rt.decide(sub(0, gid="new")), Reason.SHUTTING_DOWN)
-    rejected(rt.decide(sub(1, gid="c")), Reason.SHUTTING_DOWN)
-    late_attach = accepted(rt.decide(sub(1, gid="e")))
+    rejected(await rt.submit(sub(0, gid="new")), Reason.SHUTTING_DOWN)
+    rejected(await rt.submit(sub(1, gid="c")), Reason.SHUTTING_DOWN)
+    late_attach = accepted(await rt.submit(sub(1, gid="e")))
     assert late_attach.disposition is Disposition.ATTACHED
 
     judge.release_all()
@@ -616,9 +664,9 @@ async def test_evaluations_that_finish_within_the_shutdown_grace_publish_normall
 
 
 async def test_shutdown_cancels_an_in_flight_compare_instead_of_waiting_for_it(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
+    rt = await make(judge, clock)
     candidates = [sub(i).candidate for i in range(3)]
     compare = asyncio.create_task(rt.compare(PROMPT, candidates))
     await until(lambda: len(judge.calls) == 3)
@@ -630,9 +678,9 @@ async def test_shutdown_cancels_an_in_flight_compare_instead_of_waiting_for_it(
 
 
 async def test_a_compare_that_finishes_within_the_shutdown_grace_returns(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
+    rt = await make(judge, clock)
     compare = asyncio.create_task(rt.compare(PROMPT, [sub(i).candidate for i in range(2)]))
     await until(lambda: len(judge.calls) == 2)
     shutdown = asyncio.create_task(rt.shutdown(grace_s=600))
@@ -649,13 +697,14 @@ async def test_a_compare_that_finishes_within_the_shutdown_grace_returns(
 
 
 async def test_with_concurrency_one_the_first_ready_cohort_is_judged_first(
+    make: Make,
     clock: ManualClock,
 ) -> None:
     judge = ScriptedJudge(auto=True)
-    rt = make_runtime(judge, clock, concurrency=1)
+    rt = await make(judge, clock, concurrency=1)
     order = [("b", 0), ("a", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
-    tickets = [accepted(rt.decide(sub(i, gid=gid))) for gid, i in order]
-    cohorts = [cohort_of(rt, gid="a"), cohort_of(rt, gid="b")]
+    tickets = [accepted(await rt.submit(sub(i, gid=gid))) for gid, i in order]
+    cohorts = [await cohort_of(rt, gid="a"), await cohort_of(rt, gid="b")]
     await asyncio.gather(*(t.waiter.wait() for t in tickets if t.waiter))
     groups = [c.inp.response_1.split("/")[0] for c in judge.calls]
     assert groups == ["a"] * 3 + ["b"] * 3
@@ -664,11 +713,11 @@ async def test_with_concurrency_one_the_first_ready_cohort_is_judged_first(
 
 
 async def test_with_concurrency_one_a_later_cohort_waits_for_the_permit(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, concurrency=1)
-    a = fill(rt, gid="a")
-    b = fill(rt, gid="b")
+    rt = await make(judge, clock, concurrency=1)
+    a = await fill(rt, gid="a")
+    b = await fill(rt, gid="b")
     for n in range(6):
         await until(lambda n=n: len(judge.calls) == n + 1)  # type: ignore[misc]
         await settle()
@@ -681,24 +730,24 @@ async def test_with_concurrency_one_a_later_cohort_waits_for_the_permit(
 
 
 async def test_eager_schedule_judges_pairs_early_but_publishes_only_when_full(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, schedule="eager")
-    t0 = accepted(rt.decide(sub(0)))
+    rt = await make(judge, clock, schedule="eager")
+    t0 = accepted(await rt.submit(sub(0)))
     await settle()
     assert judge.calls == []
-    t1 = accepted(rt.decide(sub(1)))
+    t1 = accepted(await rt.submit(sub(1)))
     await until(lambda: len(judge.calls) == 1)
     assert judge.calls[0].pair == (text("g", 0), text("g", 1))
     judge.calls[0].release(Verdict(5, 1, 1))
     await settle()
-    cohort = cohort_of(rt)
+    cohort = await cohort_of(rt)
     assert cohort.phase is Phase.COLLECTING and not done(t0) and not done(t1)
-    accepted(rt.decide(sub(1)))  # a duplicate starts nothing
+    accepted(await rt.submit(sub(1)))  # a duplicate starts nothing
     await settle()
     assert len(judge.calls) == 1
 
-    t2 = accepted(rt.decide(sub(2)))
+    t2 = accepted(await rt.submit(sub(2)))
     await until(lambda: len(judge.calls) == 3)
     assert {c.pair for c in judge.calls[1:]} == {
         (text("g", 1), text("g", 2)),
@@ -718,21 +767,21 @@ async def test_eager_schedule_judges_pairs_early_but_publishes_only_when_full(
 
 
 async def test_eager_verdicts_are_discarded_when_the_collection_deadline_fails_the_cohort(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, schedule="eager")
-    early = [accepted(rt.decide(sub(i, size=4))) for i in range(3)]
-    old = cohort_of(rt, size=4)
+    rt = await make(judge, clock, schedule="eager")
+    early = [accepted(await rt.submit(sub(i, size=4))) for i in range(3)]
+    old = await cohort_of(rt, size=4)
     await until(lambda: len(judge.calls) == 2)  # (0,1) and (1,2)
     judge.calls[0].release(Verdict(5, 1, 1))
     await settle()
-    clock.advance(COLLECTION_S)
+    await advance(clock, COLLECTION_S)
     assert all(isinstance(outcome_now(t), Failed) for t in early)
     await until(lambda: judge.calls[1].state == "cancelled")
 
     # A new attempt judges everything afresh: no early verdict is reused.
-    fresh = fill(rt, size=4, attempt=1)
-    new = cohort_of(rt, size=4, attempt=1)
+    fresh = await fill(rt, size=4, attempt=1)
+    new = await cohort_of(rt, size=4, attempt=1)
     await until(lambda: len(judge.calls) == 2 + 4)
     judge.release_all(Verdict(3, 2, 3))
     outcome = await fresh[0].waiter.wait()  # type: ignore[union-attr]
@@ -742,15 +791,15 @@ async def test_eager_verdicts_are_discarded_when_the_collection_deadline_fails_t
 
 
 async def test_an_eager_judge_failure_masks_the_cohort_once_it_is_full(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, schedule="eager")
-    first = [accepted(rt.decide(sub(i))) for i in range(2)]
+    rt = await make(judge, clock, schedule="eager")
+    first = [accepted(await rt.submit(sub(i))) for i in range(2)]
     await until(lambda: len(judge.calls) == 1)
     judge.calls[0].fail("judge failed early")
     await settle()
     assert not done(first[0])  # publication still waits for the full group
-    last = accepted(rt.decide(sub(2)))
+    last = accepted(await rt.submit(sub(2)))
     await until(lambda: done(last))
     outcome = outcome_now(last)
     assert isinstance(outcome, Masked) and outcome.reason == "judge failed early"
@@ -759,14 +808,14 @@ async def test_an_eager_judge_failure_masks_the_cohort_once_it_is_full(
 
 
 async def test_an_eager_failure_in_a_cohort_that_never_fills_is_not_logged_as_unretrieved(
-    clock: ManualClock, judge: ScriptedJudge, caplog: pytest.LogCaptureFixture
+    make: Make, clock: ManualClock, judge: ScriptedJudge, caplog: pytest.LogCaptureFixture
 ) -> None:
-    rt = make_runtime(judge, clock, schedule="eager")
-    tickets = [accepted(rt.decide(sub(i))) for i in range(2)]
+    rt = await make(judge, clock, schedule="eager")
+    tickets = [accepted(await rt.submit(sub(i))) for i in range(2)]
     await until(lambda: len(judge.calls) == 1)
     judge.calls[0].fail("judge failed early")
     await settle()
-    clock.advance(COLLECTION_S)
+    await advance(clock, COLLECTION_S)
     assert isinstance(outcome_now(tickets[0]), Failed)
     await assert_no_leaks(rt, judge=judge)
     with caplog.at_level(logging.ERROR, logger="asyncio"):
@@ -776,37 +825,43 @@ async def test_an_eager_failure_in_a_cohort_that_never_fills_is_not_logged_as_un
 
 
 async def test_a_group_of_one_gets_the_default_score_without_a_judge_call(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, default_score=2.5)
-    ticket = accepted(rt.decide(sub(0, size=1)))
+    rt = await make(judge, clock, default_score=2.5)
+    ticket = accepted(await rt.submit(sub(0, size=1)))
     outcome = await ticket.waiter.wait()  # type: ignore[union-attr]
     assert isinstance(outcome, Completed)
     assert [r.reward for r in outcome.rewards] == [2.5]
     assert outcome.rewards[0].comparisons == ()
     assert judge.calls == [] and rt.judge_calls == 0
-    assert rt.decide(sub(0, size=1)).disposition is Disposition.REPLAYED
+    assert (await rt.submit(sub(0, size=1))).disposition is Disposition.REPLAYED
     await assert_no_leaks(rt, judge=judge)
 
 
 async def test_a_group_of_one_is_scored_within_its_submission_with_no_task_or_timer(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    """Nothing to judge: the outcome is there when ``submit`` returns (hot path)."""
-    rt = make_runtime(judge, clock)
-    ticket = accepted(rt.decide(sub(0, size=1)))
+    """Nothing to judge: the outcome is there when ``submit`` returns (hot path).
+
+    On ``groups`` the decision itself is a task (read, decide, commit), which has
+    ended by the next loop turn; it starts no other.
+    """
+    rt = await make(judge, clock)
+    ticket = accepted(await rt.submit(sub(0, size=1)))
     assert ticket.waiter is not None and ticket.waiter.future.done()
     assert isinstance(ticket.waiter.future.result(), Completed)
+    if isinstance(rt, ReplicaRuntime):
+        await asyncio.sleep(0)
     assert rt.stats()["owned_tasks"] == 0 and rt.stats()["live_cohorts"] == 0
-    assert clock.pending() == 0  # no collection or evaluation timer was left behind
+    assert deadline_timers(rt, clock) == 0  # no collection or evaluation timer left
     ticket.waiter.release()
     await assert_no_leaks(rt, judge=judge)
 
 
 async def test_judge_calls_stay_exact_under_a_storm_of_duplicates_and_reconnects(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(
+    rt = await make(
         judge, clock, comparison_strategy="all_pairs", num_judges_per_comparison=2, concurrency=5
     )
     survivors: list[Ticket] = []
@@ -814,7 +869,7 @@ async def test_judge_calls_stay_exact_under_a_storm_of_duplicates_and_reconnects
     for round_ in range(6):
         for i in range(4):
             for copy in range(3):
-                ticket = accepted(rt.decide(sub(i, size=4)))
+                ticket = accepted(await rt.submit(sub(i, size=4)))
                 task = asyncio.create_task(ticket.waiter.wait())  # type: ignore[union-attr]
                 if (round_ + i + copy) % 2:
                     cancelled.append(task)  # the client goes away, then reconnects
@@ -826,7 +881,7 @@ async def test_judge_calls_stay_exact_under_a_storm_of_duplicates_and_reconnects
         if round_ == 2:
             for call in judge.blocked()[:3]:
                 call.release()
-    cohort = cohort_of(rt, size=4)
+    cohort = await cohort_of(rt, size=4)
     await asyncio.gather(*cancelled, return_exceptions=True)
     while judge.blocked() or len(judge.calls) < 12:
         judge.release_all()
@@ -835,19 +890,19 @@ async def test_judge_calls_stay_exact_under_a_storm_of_duplicates_and_reconnects
     assert len(outcomes) == 1
     assert len(judge.calls) == rt.judge_calls == 12  # 6 pairs × 2 judges, exactly
     assert judge.max_in_flight <= 5
-    assert rt.decide(sub(2, size=4)).disposition is Disposition.REPLAYED
+    assert (await rt.submit(sub(2, size=4))).disposition is Disposition.REPLAYED
     await assert_no_leaks(rt, judge=judge, cohorts=[cohort])
 
 
 async def test_progress_is_reported_per_pair_while_the_cohort_is_active(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, num_judges_per_comparison=2)
+    rt = await make(judge, clock, num_judges_per_comparison=2)
     seen: list[PairProgress] = []
-    rt.decide(sub(0, size=2), on_progress=seen.append)
-    rt.decide(sub(0, size=2), on_progress=seen.append)  # the same callback counts once
-    last = accepted(rt.decide(sub(1, size=2)))
-    key = cohort_of(rt, size=2).key
+    await rt.submit(sub(0, size=2), on_progress=seen.append)
+    await rt.submit(sub(0, size=2), on_progress=seen.append)  # the same callback counts once
+    last = accepted(await rt.submit(sub(1, size=2)))
+    key = (await cohort_of(rt, size=2)).key
     await until(lambda: len(judge.calls) == 4)
     judge.release_all()
     await last.waiter.wait()  # type: ignore[union-attr]
@@ -862,16 +917,16 @@ async def test_progress_is_reported_per_pair_while_the_cohort_is_active(
 
 
 async def test_compare_judges_a_batch_without_a_cohort(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock)
+    rt = await make(judge, clock)
     candidates: list[CandidateSpec] = [sub(i).candidate for i in range(3)]
     task = asyncio.create_task(rt.compare(PROMPT, candidates))
     await until(lambda: len(judge.calls) == 3)
     judge.release_all(Verdict(4, 2, 2))
     result = await task
     assert len(result.rewards) == 3
-    assert rt.registry.active_count() == 0
+    assert active_count(rt) == 0
     failing = asyncio.create_task(rt.compare(PROMPT, candidates))
     await until(lambda: len(judge.calls) == 6)
     judge.calls[4].fail("judge failed: nope")
@@ -882,14 +937,15 @@ async def test_compare_judges_a_batch_without_a_cohort(
 
 
 async def test_fixed_baseline_judges_every_member_against_the_baseline(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     from genrm_grpc.cohort.model import PromptSpec
 
     prompt = PromptSpec(PROMPT.messages, baseline_response="The baseline: Jupiter.")
-    rt = make_runtime(judge, clock, mode="fixed_baseline", num_judges_per_comparison=2)
+    rt = await make(judge, clock, mode="fixed_baseline", num_judges_per_comparison=2)
     tickets = [
-        accepted(rt.decide(sub(i, size=3, prompt=prompt, mode="fixed_baseline"))) for i in range(3)
+        accepted(await rt.submit(sub(i, size=3, prompt=prompt, mode="fixed_baseline")))
+        for i in range(3)
     ]
     await until(lambda: len(judge.calls) == 6)
     for call in judge.calls:
@@ -910,14 +966,14 @@ async def test_fixed_baseline_judges_every_member_against_the_baseline(
 
 
 async def test_an_eager_judge_failure_cancels_the_other_early_comparisons(
-    clock: ManualClock, judge: ScriptedJudge
+    make: Make, clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = make_runtime(judge, clock, schedule="eager")
-    tickets = [accepted(rt.decide(sub(i, size=4))) for i in range(3)]  # pairs (0,1), (1,2)
+    rt = await make(judge, clock, schedule="eager")
+    tickets = [accepted(await rt.submit(sub(i, size=4))) for i in range(3)]  # pairs (0,1), (1,2)
     await until(lambda: len(judge.calls) == 2)
     judge.calls[0].fail("judge failed early")
     await until(lambda: judge.calls[1].state == "cancelled")
-    last = accepted(rt.decide(sub(3, size=4)))
+    last = accepted(await rt.submit(sub(3, size=4)))
     await until(lambda: done(last))
     outcome = outcome_now(last)
     assert isinstance(outcome, Masked) and outcome.reason == "judge failed early"
@@ -930,30 +986,35 @@ async def test_an_eager_judge_failure_cancels_the_other_early_comparisons(
 
 
 async def test_the_census_follows_each_cohort_through_its_phases_without_walking_them(
-    clock: ManualClock, judge: ScriptedJudge, monkeypatch: pytest.MonkeyPatch
+    make: Make, clock: ManualClock, judge: ScriptedJudge, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rt = make_runtime(judge, clock)
+    rt = await make(judge, clock)
 
     def walked() -> list[Cohort]:
         raise AssertionError("a scrape must not walk every active cohort")
 
-    monkeypatch.setattr(rt.registry, "active_cohorts", walked)
+    # What a census could walk: the registry's cohorts, or the group store's.
+    if isinstance(rt, ReplicaRuntime):
+        monkeypatch.setattr(rt.shared, "active_keys", walked)
+    else:
+        monkeypatch.setattr(rt.registry, "active_cohorts", walked)
 
-    def phases() -> tuple[int, int]:
-        census = rt.census()
+    async def phases() -> tuple[int, int]:
+        census = await rt.refresh_census()
         return census.collecting, census.evaluating
 
-    assert phases() == (0, 0)
-    first = [accepted(rt.decide(sub(i, gid="a"))) for i in range(2)]
-    accepted(rt.decide(sub(0, gid="b")))
-    assert phases() == (2, 0)
-    first.append(accepted(rt.decide(sub(2, gid="a"))))  # "a" freezes
-    assert phases() == (1, 1)
+    assert await phases() == (0, 0)
+    first = [accepted(await rt.submit(sub(i, gid="a"))) for i in range(2)]
+    accepted(await rt.submit(sub(0, gid="b")))
+    assert await phases() == (2, 0)
+    first.append(accepted(await rt.submit(sub(2, gid="a"))))  # "a" freezes
+    assert await phases() == (1, 1)
     await until(lambda: len(judge.calls) == 3)
     for call in judge.calls:
         call.release(Verdict(3, 3, 3))
     await until(lambda: all(done(t) for t in first))
-    assert phases() == (1, 0)
+    assert await phases() == (1, 0)
     assert await rt.cancel_cohort(sub(0, gid="b").key, "test over")
-    assert phases() == (0, 0)
-    assert rt.census().tombstones == 2
+    assert await phases() == (0, 0)
+    assert (await rt.refresh_census()).tombstones == 2
+    monkeypatch.undo()  # (a groups runtime's stop walks the store's keys)

@@ -36,12 +36,15 @@ def _decisions(
         owned.append(task)
         return task
 
+    if groups is None:
+        groups = LocalGroups(SETTINGS, lease_s=10)
     decisions = GroupDecisions(
-        groups if groups is not None else LocalGroups(SETTINGS, lease_s=10),
+        groups,
         SETTINGS,
         draining=lambda: False,
         own=own,
         committed=lambda *_: None,
+        clock=groups.clock,
     )
     return decisions, owned
 
@@ -165,6 +168,7 @@ async def test_a_commit_written_after_the_runtime_stopped_answers_nobody(tmp_pat
         draining=lambda: False,
         own=lambda coro, *, name: asyncio.get_running_loop().create_task(coro, name=name),
         committed=lambda *args: committed.append(args),
+        clock=groups.clock,
     )
     alone = sub(0, gid="solo", size=1)
     try:

@@ -15,7 +15,8 @@ from genrm_grpc.runtime.plan import PassPlan
 from genrm_grpc.scoring import judge_passes
 from genrm_grpc.testing import ManualClock
 
-from .support import ScriptedJudge, assert_no_leaks, make_runtime, sub
+from .conftest import Make
+from .support import ScriptedJudge, assert_no_leaks, sub
 
 PLANS = [
     PassPlan(mode, strategy, judges, debias)
@@ -52,16 +53,16 @@ def test_every_pass_has_its_aggregation_order_and_eager_arrivals_plan_each_exact
 
 @pytest.mark.parametrize("schedule", ["after_collection", "eager"])
 async def test_one_member_of_a_huge_declared_group_costs_memory_for_itself_only(
-    judge: ScriptedJudge, clock: ManualClock, schedule: str
+    make: Make, judge: ScriptedJudge, clock: ManualClock, schedule: str
 ) -> None:
-    rt = make_runtime(judge, clock, schedule=schedule)  # type: ignore[arg-type]
+    rt = await make(judge, clock, schedule=schedule)  # type: ignore[arg-type]
     first = sub(0, gid="warm", size=4)
-    rt.decide(first)  # warm up every code path and cache
+    await rt.submit(first)  # warm up every code path and cache
     member = sub(0, gid="huge", size=4096)
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        ticket = rt.decide(member)
+        ticket = await rt.submit(member)
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
@@ -73,24 +74,26 @@ async def test_one_member_of_a_huge_declared_group_costs_memory_for_itself_only(
     await assert_no_leaks(rt, judge=judge)
 
 
-async def test_a_large_complete_cohort_starts_its_passes_in_slices(clock: ManualClock) -> None:
+async def test_a_large_complete_cohort_starts_its_passes_in_slices(
+    make: Make, clock: ManualClock
+) -> None:
     n = 4 * START_SLICE
     judge = ScriptedJudge(auto=True)
-    rt = make_runtime(judge, clock)
+    rt = await make(judge, clock)
     members = [sub(k, gid="big", size=n) for k in range(n)]
-    first = rt.decide(members[0])
+    first = await rt.submit(members[0])
     assert first.waiter is not None
     for member in members[1:-1]:
-        rt.decide(member)
+        await rt.submit(member)
     started_when_others_ran: list[int] = []
 
     async def bystander() -> None:
         await asyncio.sleep(0)
-        live = rt._live[members[0].key]
+        live = rt.judging.live[members[0].key]
         started_when_others_ran.append(len(live.pair_tasks))
 
+    await rt.submit(members[-1])  # the cohort freezes; its evaluation task starts
     probe = asyncio.create_task(bystander())
-    rt.decide(members[-1])  # the cohort freezes; its evaluation task starts next
     await probe
     assert started_when_others_ran[0] < n, "every pass was started in one step"
     outcome = await first.waiter.wait()

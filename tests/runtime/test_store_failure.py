@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
+
 from genrm_grpc.cohort.model import Completed, Reason
 from genrm_grpc.cohort.records import (
     DropCohort,
@@ -21,13 +23,26 @@ from genrm_grpc.cohort.records import (
     WatermarkRecord,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition
+from genrm_grpc.config import Settings
 from genrm_grpc.runtime.engine import CohortRuntime
 from genrm_grpc.runtime.live import REWRITE_DELAY_S, CallInterrupted, Ticket
+from genrm_grpc.runtime.replica import ReplicaRuntime
+from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.records import StoreError
 from genrm_grpc.testing import ManualClock
 
-from .support import ScriptedJudge, make_runtime, settle, sub
+from .support import (
+    Runtime,
+    ScriptedJudge,
+    advance,
+    close_runtime,
+    make_runtime,
+    open_runtime,
+    settle,
+    sub,
+    until,
+)
 
 
 class FlakyStore:
@@ -70,6 +85,7 @@ class FlakyStore:
 
 def runtime_over(store: FlakyStore, judge: ScriptedJudge, clock: ManualClock) -> CohortRuntime:
     base = make_runtime(judge, clock)
+    assert isinstance(base, CohortRuntime)
     registry = CohortRegistry(base.config, MemoryStore(base.config))  # type: ignore[arg-type]
     return CohortRuntime(registry, judge, base.config, clock=clock, store=store)
 
@@ -255,3 +271,105 @@ async def test_a_completing_member_whose_write_fails_is_written_again_before_jud
     assert all(isinstance(call.result(), Completed) for call in first)
     await rt.shutdown(0)
     await rt.close()
+
+
+# ---------------------------------------------------------------- the groups runtime
+#
+# The tests above pin the registry runtime's write queue: it decides in memory first,
+# so a failed write interrupts the calls that depended on it and is written again.
+# The groups runtime (docs/architecture.md, "How the two runtimes differ on a failed
+# write") writes first and holds nothing of a decision until it is written: the call
+# whose commit failed gets STORE_UNAVAILABLE and the group stays as it was, and an
+# evaluation's end is committed again every REWRITE_DELAY_S while its lease holds. The
+# same scenarios, on it:
+
+
+async def groups_over(store: FlakyStore, judge: ScriptedJudge, clock: ManualClock) -> Runtime:
+    settings = make_runtime(judge, clock, kind="groups").config
+    assert isinstance(settings, Settings)
+    shared = LocalGroups(
+        settings,
+        lease_s=settings.replica_lease_s,
+        behind=store,
+        clock=clock,  # type: ignore[arg-type]
+    )
+    registry = CohortRegistry(settings, MemoryStore(settings))
+    runtime = ReplicaRuntime(
+        registry, judge, settings, shared=shared, clock=clock, batch_window_s=0.0
+    )
+    return await open_runtime(runtime)
+
+
+async def test_groups_an_outcome_whose_commit_fails_is_committed_again_every_delay(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    """Nothing is answered meanwhile (the cohort has not ended until it is written):
+    the waiting calls get the outcome once a retry is stored, not STORE_UNAVAILABLE."""
+    store = FlakyStore()
+    rt = await groups_over(store, judge, clock)
+    calls = [asyncio.ensure_future(answer(await rt.submit(sub(i)))) for i in range(3)]
+    await settle()
+    assert len(judge.calls) == 3
+    store.outcome_failures = 4
+    judge.release_all()
+    await settle()
+    failed_writes = len(store.attempts)
+    assert not any(call.done() for call in calls)
+    for retry in range(3):
+        await advance(clock, REWRITE_DELAY_S)
+        assert len(store.attempts) == failed_writes + retry + 1
+        assert not any(isinstance(r, TombstoneRecord) for r in store.written)
+    await advance(clock, REWRITE_DELAY_S)  # the fifth write succeeds
+    assert any(isinstance(r, TombstoneRecord) for r in store.written)
+    assert all(isinstance(call.result(), Completed) for call in calls)
+    attempts = len(store.attempts)
+    await advance(clock, 10 * REWRITE_DELAY_S)  # and nothing is written after it
+    assert len(store.attempts) == attempts
+    replays = [await rt.submit(sub(i)) for i in range(3)]
+    assert all(t.disposition is Disposition.REPLAYED for t in replays)
+    assert len(judge.calls) == 3
+    await close_runtime(rt)
+
+
+async def test_groups_a_member_whose_commit_fails_gets_store_unavailable_and_a_resend_counts(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    store = FlakyStore()
+    rt = await groups_over(store, judge, clock)
+    first = asyncio.ensure_future(answer(await rt.submit(sub(0))))
+    store.failures = 1
+    with pytest.raises(CallInterrupted) as lost:
+        await rt.submit(sub(1))
+    assert lost.value.reason is Reason.STORE_UNAVAILABLE
+    assert not first.done()  # the other member's call goes on
+    again = asyncio.ensure_future(answer(await rt.submit(sub(1))))
+    last = asyncio.ensure_future(answer(await rt.submit(sub(2))))
+    await until(lambda: len(judge.calls) == 3)
+    judge.release_all()
+    await settle()
+    for call in (first, again, last):
+        assert call.done() and isinstance(call.result(), Completed), call.result()
+    slots = [r.coords.rollout_index for r in store.written if isinstance(r, MemberRecord)]
+    assert sorted(set(slots)) == [0, 1, 2]
+    await close_runtime(rt)
+
+
+async def test_groups_a_cohort_is_judged_only_once_the_commit_that_completed_it_is_stored(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    store = HeldStore()
+    rt = await groups_over(store, judge, clock)
+    submits = [asyncio.ensure_future(rt.submit(sub(k))) for k in range(3)]
+    await settle()
+    assert store.held and judge.calls == []
+    while not all(s.done() for s in submits):  # each commit waits for its write
+        store.commit()
+        await settle()
+    calls = [asyncio.ensure_future(answer(s.result())) for s in submits]
+    await until(lambda: len(judge.calls) == 3)
+    judge.release_all()
+    while not all(call.done() for call in calls):  # the verdicts and the outcome
+        store.commit()
+        await settle()
+    assert all(isinstance(call.result(), Completed) for call in calls)
+    await close_runtime(rt)

@@ -20,6 +20,7 @@ from genrm_grpc.store.group_state import GroupState
 from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.local_state import Held
 from genrm_grpc.store.sqlite import SqliteStore
+from genrm_grpc.testing import ManualClock
 from tests.cohort.support import sub
 from tests.store.samples import decide_on
 
@@ -113,7 +114,7 @@ async def test_a_read_waits_for_the_commit_being_written_and_sees_it(tmp_path: P
 def test_outcome_mailboxes_are_bounded_by_max_terminal_cohorts_oldest_first() -> None:
     """A busy process ends far more cohorts within the mailbox TTL than it keeps
     tombstones; the mailboxes keep no more than ``max_terminal_cohorts`` either."""
-    held = Held(SETTINGS)  # max_terminal_cohorts=2
+    held = Held(SETTINGS, ManualClock())  # max_terminal_cohorts=2
     keys = [sub(0, gid=f"m{n}").key for n in range(3)]
     for key in keys:
         held.mailbox(Tombstone(key, 3, "ab" * 32, {}, Failed("gone"), 0.0), time.time() + 600)
