@@ -1,18 +1,20 @@
 """Open files: ``serve`` raises its soft RLIMIT_NOFILE to the hard limit, refuses a
 configuration whose judge connections cannot fit (one line, exit 2), and a listener out
-of descriptors does not flood the log. Real ``genrm-grpc serve`` processes started with
-the limits set in the child (``preexec_fn``), the fake judge process on loopback."""
+of descriptors does not flood the log. Real ``genrm-grpc serve`` processes started under
+util-linux's ``prlimit`` with the limits to test, the fake judge process on loopback.
+
+(Not ``preexec_fn``: Python code run between fork and exec in this test process, which
+holds gRPC's threads by then, once aborted the child before its exec.)"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import resource
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +26,6 @@ from tests.judge.processes import PY, FakeJudgeProcess, free_port
 pytestmark = pytest.mark.e2e
 
 FLOOD = "socket.accept() out of system resource"
-
-
-def _limit(soft: int, hard: int) -> Callable[[], None]:
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-    return apply
 
 
 def _soft_limit_of(pid: int) -> int:
@@ -50,7 +45,14 @@ def _serve(
     judge: FakeJudgeProcess, tmp_path: Path, soft: int, hard: int, **env: str
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*PY, "serve", "--listen", f"127.0.0.1:{free_port()}"],
+        [
+            "prlimit",
+            f"--nofile={soft}:{hard}",
+            *PY,
+            "serve",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+        ],
         stdout=subprocess.PIPE,
         stderr=(tmp_path / "server.log").open("w"),
         text=True,
@@ -60,7 +62,6 @@ def _serve(
             "GENRM_JUDGE__URL": judge.url,
             **env,
         },
-        preexec_fn=_limit(soft, hard),
     )
 
 
