@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from genrm_grpc.cohort.events import Decision, GroupEvent, NotActive, apply
 from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
+from genrm_grpc.cohort.recording import end_state
 from genrm_grpc.cohort.records import Record, TombstoneRecord
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
 from genrm_grpc.store.records import StoreError
@@ -42,6 +43,8 @@ class Decided:
     records: list[Record] = field(default_factory=list)
     ended: list[Cohort] = field(default_factory=list)
     frozen: Cohort | None = None
+    #: A cohort frozen in this round ended in it too (scored: no judge call needed).
+    settled: bool = False
 
     def started(self, before: frozenset[CohortKey]) -> list[CohortKey]:
         """The cohorts these decisions created (not active ``before``), once each, ended
@@ -97,6 +100,9 @@ def decide_ops(
                 _settle(done, registry, now, settle)
         else:
             done.ended.extend(decision)
+    if len(ops) > 1 or done.settled:
+        # Several calls of the registry: their records' end state, as one call's is.
+        done.records = end_state(done.records)
     return done
 
 
@@ -111,6 +117,7 @@ def _settle(done: Decided, registry: CohortRegistry, now: float, settle: Settle 
         done.records.extend(ended.records)
         done.ended.extend(ended)
         done.frozen = None
+        done.settled = True
 
 
 def fail(ops: list[Op], exc: BaseException) -> None:
