@@ -9,7 +9,7 @@ when a record is written; these functions say what it holds.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from genrm_grpc.cohort.model import (
     CandidateSpec,
@@ -109,3 +109,44 @@ def final_records(
             expires = tomb.finished_at if tomb is not None else offset
             records.append(WatermarkRecord(scope, attempt, expires + result_ttl_s))
     return records
+
+
+def end_state(records: Sequence[Record]) -> list[Record]:
+    """``records`` as a store needs them: their end state, in order.
+
+    A store applies records in order and keeps only their result, so what a later
+    record of the same batch undoes is not written: a header replaces an earlier one of
+    the same cohort (in its place), a drop takes back the cohort's header and members
+    written before it in the batch (a 1-member group created, scored and ended in one
+    decision writes no header or member), and one watermark per group stays, at the
+    highest attempt any of them named. A drop itself always stays: the store may hold
+    the cohort from an earlier batch.
+    """
+    out: list[Record | None] = []
+    bodies: dict[CohortKey, list[int]] = {}
+    headers: dict[CohortKey, int] = {}
+    marks: dict[str, int] = {}
+    for record in records:
+        if isinstance(record, CohortRecord):
+            at = headers.get(record.key)
+            if at is not None:
+                out[at] = record
+                continue
+            headers[record.key] = len(out)
+            bodies.setdefault(record.key, []).append(len(out))
+        elif isinstance(record, MemberRecord):
+            bodies.setdefault(record.key, []).append(len(out))
+        elif isinstance(record, DropCohort):
+            for at in bodies.pop(record.key, ()):
+                out[at] = None
+            headers.pop(record.key, None)
+        elif isinstance(record, WatermarkRecord):
+            at = marks.get(record.scope)
+            if at is not None:
+                earlier = out[at]
+                out[at] = None
+                if isinstance(earlier, WatermarkRecord) and earlier.attempt > record.attempt:
+                    record = WatermarkRecord(record.scope, earlier.attempt, record.expires_at)
+            marks[record.scope] = len(out)
+        out.append(record)
+    return [record for record in out if record is not None]

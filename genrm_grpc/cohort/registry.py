@@ -66,18 +66,17 @@ from genrm_grpc.cohort.phases import Event, allows, transition
 from genrm_grpc.cohort.recording import (
     active_records,
     cohort_record,
+    end_state,
     final_records,
     member_record,
     restored_cohort,
     tombstone_of,
 )
 from genrm_grpc.cohort.records import (
-    CohortRecord,
     CohortStore,
     DropCohort,
     DropTombstone,
     DropWatermark,
-    MemberRecord,
     Record,
     Recovered,
     TombstoneRecord,
@@ -414,7 +413,7 @@ class CohortRegistry:
             fill(cohort, now + self.config.cohort_evaluation_timeout_s)
             self._active.froze()
             if journal:
-                self._header(cohort)
+                self._outbox.append(cohort_record(cohort, self.wall_offset))
             frozen = True
         return SubmitDecision(Disposition.ACCEPTED, cohort=cohort, frozen=frozen)
 
@@ -422,38 +421,7 @@ class CohortRegistry:
         self.store.raise_watermark(scope, attempt, now)
         if self.journal_active:
             expires = now + self.config.cohort_result_ttl_s + self.wall_offset
-            outbox = self._outbox
-            for i, record in enumerate(outbox):
-                # One watermark per scope and decision, at the highest attempt it names
-                # (an older attempt ended by the newer one's arrival raises it again).
-                if isinstance(record, WatermarkRecord) and record.scope == scope:
-                    attempt = max(attempt, record.attempt)
-                    del outbox[i]
-                    break
-            outbox.append(WatermarkRecord(scope, attempt, expires))
-
-    def _header(self, cohort: Cohort) -> None:
-        """Write ``cohort``'s header as it is now, in place of one this decision wrote
-        before (a cohort created and filled in one decision has one header, filled)."""
-        header = cohort_record(cohort, self.wall_offset)
-        outbox = self._outbox
-        for i, record in enumerate(outbox):
-            if isinstance(record, CohortRecord) and record.key == cohort.key:
-                outbox[i] = header
-                return
-        outbox.append(header)
-
-    def _unwrite(self, key: CohortKey) -> None:
-        """Take back what this decision's outbox holds of ``key``'s header and members,
-        which its drop replaces: a store is given each decision's end state, so a cohort
-        created and ended in one decision costs its store no header or member."""
-        outbox = self._outbox
-        if any(isinstance(r, CohortRecord | MemberRecord) and r.key == key for r in outbox):
-            self._outbox = [
-                r
-                for r in outbox
-                if not (isinstance(r, CohortRecord | MemberRecord) and r.key == key)
-            ]
+            self._outbox.append(WatermarkRecord(scope, attempt, expires))
 
     def final_records(self, cohort: Cohort) -> list[Record]:
         """The records that ended ``cohort`` again (to rewrite them after a failed write)."""
@@ -466,8 +434,9 @@ class CohortRegistry:
         return active_records(cohort, self.wall_offset)
 
     def _take(self) -> list[Record]:
+        """What this decision writes: its records' end state (``recording.end_state``)."""
         records, self._outbox = self._outbox, []
-        return records
+        return end_state(records) if len(records) > 1 else records
 
     def _ended(self, cohort: Cohort) -> Ended:
         return Ended([cohort], self._take())
@@ -520,7 +489,6 @@ class CohortRegistry:
             outcome = legacy_outcome(outcome)
         cohort.outcome = outcome
         # The cohort's records go; its journaled verdicts stay while its tombstone does.
-        self._unwrite(cohort.key)
         self._outbox.append(DropCohort(cohort.key, keep_verdicts=keep))
         if keep:
             tomb = tombstone_of(cohort, digests, outcome, now + self.wall_offset)

@@ -7,7 +7,8 @@ registry holding only that group, applies the events there (the registry decides
 rule), and commits the records with a compare-and-set on the group's version. A refused
 commit means another replica changed the group meanwhile: read and decide again. What
 a committed decision means for this process (its waiters, its evaluations) is the
-runtime's, through the ``committed`` callback.
+runtime's, through the ``committed`` callback; what a round decided, and how each
+event's caller gets its answer, is ``runtime/decided.py``.
 
 - **Batching.** Events for the same cohort key that arrive within ``BATCH_WINDOW_S`` of
   the first, or while a decision about it is in flight, are decided together and
@@ -18,6 +19,10 @@ runtime's, through the ``committed`` callback.
   for that key is decided on it without a read. A commit still checks the version; a
   decision that writes nothing checks it with one ``GET`` first. A key another replica
   wrote in between is read before every later decision.
+- **No task in process.** On a store that answers in process (``InstantGroups``: the
+  single process's), an event that waits for no sibling is decided in its caller's call,
+  and a commit to the file behind completes by a callback on the write, which no
+  caller's cancellation stops; events for the key meanwhile queue behind it.
 """
 
 from __future__ import annotations
@@ -27,20 +32,18 @@ import logging
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from genrm_grpc.cohort.clock import Clock
-from genrm_grpc.cohort.events import Decision, GroupEvent, MemberArrived, NotActive, apply
-from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
-from genrm_grpc.cohort.records import MemberRecord, Record, TombstoneRecord
+from genrm_grpc.cohort.events import Decision, GroupEvent, MemberArrived, NotActive
+from genrm_grpc.cohort.model import Cohort, CohortKey
+from genrm_grpc.cohort.records import MemberRecord, Record
 from genrm_grpc.cohort.registry import (
     CohortRegistry,
-    Disposition,
-    Ended,
     RegistryView,
-    SubmitDecision,
 )
+from genrm_grpc.runtime.decided import Decided, Op, Settle, answer, decide_ops, fail
 from genrm_grpc.runtime.group_store import GroupStore, InstantGroups
 from genrm_grpc.runtime.live import RuntimeView
 from genrm_grpc.store import group_state
@@ -65,24 +68,13 @@ class GroupView(RegistryView, RuntimeView, StoreView, Protocol):
 
 #: What a committed decision means here: (decided, cohorts it started, now, the cohort
 #: this replica judges from now on with its lease, or None).
-Committed = Callable[["Decided", list[CohortKey], float, tuple[CohortKey, Lease] | None], None]
-
-
-#: The event that ends a frozen cohort needing no judge call (its score), or None to
-#: judge it under its lease.
-Settle = Callable[[Cohort], GroupEvent | None]
+Committed = Callable[[Decided, list[CohortKey], float, tuple[CohortKey, Lease] | None], None]
 
 
 class Owner(Protocol):
     """Starts a task the runtime owns (cancelled and awaited when it stops)."""
 
     def __call__(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]: ...
-
-
-@dataclass(eq=False)
-class Op:
-    event: GroupEvent
-    future: asyncio.Future[Decision | NotActive]
 
 
 class GroupDecisions:
@@ -176,7 +168,7 @@ class GroupDecisions:
         """A drain cancelled before its first step never runs its body: fail its ops."""
         if task.cancelled() and self._queues.get(key) is queue:
             del self._queues[key]
-            _fail(queue, StoreError("cancelled"))
+            fail(queue, StoreError("cancelled"))
 
     async def _drain(self, key: CohortKey, window: bool) -> None:
         # A group's members arrive over a few loop turns (one gRPC call each): wait a
@@ -193,11 +185,11 @@ class GroupDecisions:
             try:
                 await self.decide(key, ops, None)
             except BaseException as exc:
-                _fail(ops, exc)
+                fail(ops, exc)
                 if not isinstance(exc, Exception):
                     # Cancelled (the runtime stops): what queued meanwhile fails too, or
                     # its callers would wait for a decision nobody makes any more.
-                    _fail(self._queues.pop(key, []), exc)
+                    fail(self._queues.pop(key, []), exc)
                     raise
 
     async def decide(self, key: CohortKey, ops: list[Op], fence: Lease | None) -> bool:
@@ -296,10 +288,10 @@ class GroupDecisions:
         queued = self._queues.pop(done.key, [])
         error = written.exception() if not written.cancelled() else StoreError("cancelled")
         if self._stopped:
-            _fail([*done.ops, *queued], StoreError("the runtime stopped"))
+            fail([*done.ops, *queued], StoreError("the runtime stopped"))
             return
         if error is not None:
-            _fail(done.ops, error)
+            fail(done.ops, error)
         else:
             self._finish(done, written.result())
         if queued:
@@ -320,7 +312,7 @@ class GroupDecisions:
             # Frozen here, or (eager) created here: judged here, wherever members arrive.
             judge_here = (evaluate, self.shared.lease_for(evaluate, token))
         self._committed(decided, done.started, done.now, judge_here)
-        _answer(done.ops, decided.decisions)
+        answer(done.ops, decided.decisions)
 
     async def _state_of(self, key: CohortKey) -> tuple[GroupState, CohortRegistry, float, bool]:
         """The group to decide on, in a one-group registry; True when it is the state this
@@ -408,117 +400,7 @@ class _Round:
         }
 
 
-@dataclass(slots=True)
-class Decided:
-    """The ops of one round on one group, decided: each op's result, and what to commit."""
-
-    decisions: list[Decision | NotActive | Exception] = field(default_factory=list)
-    records: list[Record] = field(default_factory=list)
-    ended: list[Cohort] = field(default_factory=list)
-    frozen: Cohort | None = None
-
-    def started(self, before: frozenset[CohortKey]) -> list[CohortKey]:
-        """The cohorts these decisions created (not active ``before``), once each, ended
-        in the same decision or not (a store may then have been given no header)."""
-        created: dict[CohortKey, None] = {}
-        for decision in self.decisions:
-            if (
-                isinstance(decision, SubmitDecision)
-                and decision.disposition is Disposition.ACCEPTED
-                and decision.cohort is not None
-                and decision.cohort.key not in before
-            ):
-                created[decision.cohort.key] = None
-        return list(created)
-
-    def mailboxes(self, now: float) -> list[Tombstone]:
-        """What the outcome mailboxes keep of the ended cohorts: the tombstone the
-        decision wrote (its record made once serves both), or the cohort's outcome when
-        it left none (a completed legacy cohort)."""
-        written = {
-            r.tombstone.key: r.tombstone for r in self.records if isinstance(r, TombstoneRecord)
-        }
-        boxes = []
-        for cohort in self.ended:
-            tomb = written.get(cohort.key)
-            boxes.append(tomb if tomb is not None else mailbox(cohort, now))
-        return boxes
-
-
-def decide_ops(
-    key: CohortKey,
-    ops: list[Op],
-    registry: CohortRegistry,
-    now: float,
-    settle: Settle | None = None,
-) -> Decided:
-    done = Decided()
-    for op in ops:
-        try:
-            decision = apply(registry, op.event, now)
-        except Exception as exc:  # one member's bug must not fail its neighbours
-            log.exception("deciding an event of cohort %s failed", key)
-            done.decisions.append(exc)
-            continue
-        done.decisions.append(decision)
-        if decision is None or isinstance(decision, NotActive):
-            continue
-        done.records.extend(decision.records)
-        if isinstance(decision, SubmitDecision):
-            done.ended.extend(decision.ended)
-            if decision.frozen:
-                done.frozen = decision.cohort
-                _settle(done, registry, now, settle)
-        else:
-            done.ended.extend(decision)
-    return done
-
-
-def _settle(done: Decided, registry: CohortRegistry, now: float, settle: Settle | None) -> None:
-    """A frozen cohort that needs no judge call ends in the same decision (one commit)."""
-    cohort = done.frozen
-    event = settle(cohort) if settle is not None and cohort is not None else None
-    if event is None:
-        return
-    ended = apply(registry, event, now)
-    if isinstance(ended, Ended) and ended:
-        done.records.extend(ended.records)
-        done.ended.extend(ended)
-        done.frozen = None
-
-
 def _waits_for_siblings(event: GroupEvent) -> bool:
     """Whether a decision starting with ``event`` waits ``BATCH_WINDOW_S`` for the
     group's other members: not for a 1-member group's (it has none)."""
     return not (isinstance(event, MemberArrived) and event.sub.group_size == 1)
-
-
-def _fail(ops: list[Op], exc: BaseException) -> None:
-    for op in ops:
-        if not op.future.done():
-            op.future.set_exception(exc if isinstance(exc, Exception) else StoreError("cancelled"))
-            op.future.exception()
-
-
-def _answer(ops: list[Op], decisions: list[Decision | NotActive | Exception]) -> None:
-    for op, result in zip(ops, decisions, strict=True):
-        if op.future.done():
-            continue
-        if isinstance(result, Exception):
-            op.future.set_exception(result)
-            op.future.exception()
-        else:
-            op.future.set_result(result)
-
-
-def mailbox(cohort: Cohort, now: float) -> Tombstone:
-    """What the outcome mailbox keeps of an ended cohort: its outcome."""
-    assert cohort.outcome is not None
-    return Tombstone(
-        key=cohort.key,
-        group_size=cohort.group_size,
-        prompt_digest=cohort.prompt_digest,
-        digests={},
-        outcome=cohort.outcome,
-        finished_at=now,
-    )

@@ -60,11 +60,8 @@ from genrm_grpc.cohort.model import (
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
 from genrm_grpc.observability.hooks import NullRuntimeObserver, RuntimeObserver
 from genrm_grpc.runtime.clock import WallClock, sleep
-from genrm_grpc.runtime.group_decisions import (
-    Decided,
-    GroupDecisions,
-    GroupView,
-)
+from genrm_grpc.runtime.decided import Decided
+from genrm_grpc.runtime.group_decisions import GroupDecisions, GroupView
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.judging import Judging
 from genrm_grpc.runtime.leased import LeasedEvaluations

@@ -8,10 +8,13 @@ same state (``restore``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from genrm_grpc.cohort.model import Completed, Masked, Phase, Tombstone
 from genrm_grpc.cohort.phases import TRANSITIONS, Event, IllegalTransition, transition
+from genrm_grpc.cohort.recording import end_state
 from genrm_grpc.cohort.records import (
     CohortRecord,
     DropCohort,
@@ -77,19 +80,48 @@ def test_an_ended_cohort_is_dropped_and_leaves_a_tombstone_record() -> None:
     assert any(isinstance(r, WatermarkRecord) for r in ended.records)
 
 
-def test_a_cohort_created_and_ended_in_one_decision_gives_its_store_no_header_or_member() -> None:
-    # A 1-member group is accepted, frozen and (here) superseded within decisions that
-    # leave its store the end state only: what it would write then delete is not written.
+def test_a_cohort_filled_by_its_first_member_has_one_header_in_that_decision() -> None:
     reg, _ = registry()
     decision = reg.submit(sub(0, size=1), T0)
     assert decision.frozen
-    kinds = [type(r) for r in decision.records]
-    assert kinds == [WatermarkRecord, CohortRecord, MemberRecord]  # the frozen header only
-    assert decision.records[1].phase is Phase.EVALUATING
-    assert decision.cohort is not None
-    ended = reg.evaluation_finished(decision.cohort, completed(1), T0 + 1)
+    assert [type(r) for r in decision.records] == [WatermarkRecord, CohortRecord, MemberRecord]
+    header = decision.records[1]
+    assert isinstance(header, CohortRecord) and header.phase is Phase.EVALUATING
+
+
+def test_the_end_state_of_records_drops_what_a_later_record_of_the_batch_undoes() -> None:
+    reg, _ = registry()
+    # One batch the way a round of several registry calls makes it: a 1-member group
+    # accepted (header, member), then ended (drop, tombstone), its watermark written
+    # by both; then a second cohort opened under a key ended earlier in the batch.
+    first = reg.submit(sub(0, gid="a", size=1), T0)
+    assert first.cohort is not None
+    ended = reg.evaluation_finished(first.cohort, completed(1), T0 + 1)
     assert ended
-    assert {type(r) for r in ended.records} == {WatermarkRecord, DropCohort, TombstoneRecord}
+    other = reg.submit(sub(0, gid="b", size=2), T0 + 1)
+    batch = [*first.records, *ended.records, *other.records]
+    kept = end_state(batch)
+    a_key, b_key = sub(0, gid="a").key, sub(0, gid="b").key
+    assert not [r for r in kept if isinstance(r, CohortRecord | MemberRecord) and r.key == a_key]
+    assert [r.key for r in kept if isinstance(r, DropCohort)] == [a_key]
+    assert [r.key for r in kept if isinstance(r, CohortRecord)] == [b_key]
+    marks = [r for r in kept if isinstance(r, WatermarkRecord)]
+    assert sorted(m.scope for m in marks) == sorted({m.scope for m in marks})
+    assert end_state(kept) == kept  # already an end state
+
+
+def test_a_key_dropped_then_opened_again_in_one_batch_keeps_its_new_header() -> None:
+    reg, _ = registry()
+    decision = reg.submit(sub(0, size=2), T0)
+    assert decision.cohort is not None
+    failed = reg.fail(decision.cohort, "cancelled", T0)
+    assert failed
+    first_header = decision.records[1]
+    assert isinstance(first_header, CohortRecord)
+    header = dataclasses.replace(first_header, seq=99)
+    kept = end_state([*decision.records, *failed.records, header])
+    assert [r for r in kept if isinstance(r, CohortRecord)] == [header]
+    assert not [r for r in kept if isinstance(r, MemberRecord)]
 
 
 def test_one_decision_writes_one_watermark_per_group_at_the_highest_attempt() -> None:

@@ -14,11 +14,14 @@ from typing import Any
 
 import pytest
 
-from genrm_grpc.cohort.events import MemberArrived
-from genrm_grpc.cohort.registry import Disposition, SubmitDecision
+from genrm_grpc.cohort.events import Cancelled, MemberArrived
+from genrm_grpc.cohort.records import DropCohort, TombstoneRecord, WatermarkRecord
+from genrm_grpc.cohort.registry import CohortRegistry, Disposition, SubmitDecision
 from genrm_grpc.config import Settings
+from genrm_grpc.runtime.decided import Op, decide_ops
 from genrm_grpc.runtime.group_decisions import GroupDecisions
 from genrm_grpc.store.local import LocalGroups
+from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.records import StoreError
 from genrm_grpc.store.sqlite import SqliteStore
 from tests.cohort.support import sub
@@ -184,3 +187,18 @@ async def test_a_commit_written_after_the_runtime_stopped_answers_nobody(tmp_pat
     assert committed == []  # nothing started or delivered here
     assert alone.key in groups.state.cohorts  # what was written is held
     await groups.store.close()
+
+
+async def test_a_round_that_freezes_and_settles_a_cohort_commits_no_header_or_member() -> None:
+    """A 1-member group is accepted and scored in one round (two calls of the
+    registry): its store is given the end state, a drop and a tombstone, never a header
+    or member it would write only to delete."""
+    registry = CohortRegistry(SETTINGS, MemoryStore(SETTINGS))
+    alone = sub(0, gid="solo", size=1)
+    op = Op(MemberArrived(alone), asyncio.get_running_loop().create_future())
+    done = decide_ops(
+        alone.key, [op], registry, 1000.0, lambda cohort: Cancelled(cohort.key, cohort.seq, "x")
+    )
+    assert [c.key for c in done.ended] == [alone.key]
+    kinds = {type(r) for r in done.records}
+    assert kinds == {WatermarkRecord, DropCohort, TombstoneRecord}
