@@ -89,7 +89,14 @@ class Index:
 
     def file(self, key: CohortKey, instant: float) -> None:
         self.at[key] = instant
-        heapq.heappush(self._heap, (instant, next(self._order), key))
+        heap = self._heap
+        heapq.heappush(heap, (instant, next(self._order), key))
+        if len(heap) > 2 * len(self.at) + 64:
+            # Entries left behind are dropped by :meth:`due` as they reach the top; an
+            # index nobody polls (deadlines that are timers) is rebuilt from what is
+            # filed instead, so it never holds more than twice that (amortised O(1)).
+            self._heap = [(at, next(self._order), k) for k, at in self.at.items()]
+            heapq.heapify(self._heap)
 
     def refile(self, key: CohortKey, instant: float) -> None:
         """File ``key`` again only if it is filed (Redis's ``ZADD XX``)."""

@@ -18,7 +18,7 @@ from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.store.group_state import GroupState
 from genrm_grpc.store.local import LocalGroups
-from genrm_grpc.store.local_state import Held
+from genrm_grpc.store.local_state import Held, Index
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import ManualClock
 from tests.cohort.support import sub
@@ -121,3 +121,17 @@ def test_outcome_mailboxes_are_bounded_by_max_terminal_cohorts_oldest_first() ->
     found = [held.unexpired_mailbox(key, time.time()) for key in keys]
     assert found[0] is None
     assert [t.key for t in found[1:] if t is not None] == keys[1:]
+
+
+def test_an_index_nobody_polls_keeps_no_more_than_twice_what_is_filed() -> None:
+    """In one process deadlines are timers and their index is never polled for due
+    keys: what a removal leaves behind in its heap must not pile up with every cohort."""
+    index = Index()
+    for n in range(10_000):
+        key = sub(0, gid=f"g{n}").key
+        index.file(key, 1000.0 + n)
+        index.file(key, 2000.0 + n)  # refiled (a filled cohort's evaluation deadline)
+        index.remove(key)  # ended
+    index.file(sub(0, gid="last").key, 5.0)
+    assert len(index._heap) <= 2 * len(index.at) + 64
+    assert index.due(10.0, 10) == [sub(0, gid="last").key]
