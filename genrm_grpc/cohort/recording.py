@@ -127,20 +127,24 @@ def end_state(records: Sequence[Record]) -> list[Record]:
     headers: dict[CohortKey, int] = {}
     marks: dict[str, int] = {}
     for record in records:
-        if isinstance(record, CohortRecord):
+        kind = type(record)  # the record types are final: no subclass to miss
+        if kind is MemberRecord:
+            bodies.setdefault(record.key, []).append(len(out))  # type: ignore[union-attr]
+        elif kind is CohortRecord:
+            assert isinstance(record, CohortRecord)
             at = headers.get(record.key)
             if at is not None:
                 out[at] = record
                 continue
             headers[record.key] = len(out)
             bodies.setdefault(record.key, []).append(len(out))
-        elif isinstance(record, MemberRecord):
-            bodies.setdefault(record.key, []).append(len(out))
-        elif isinstance(record, DropCohort):
+        elif kind is DropCohort:
+            assert isinstance(record, DropCohort)
             for at in bodies.pop(record.key, ()):
                 out[at] = None
             headers.pop(record.key, None)
-        elif isinstance(record, WatermarkRecord):
+        elif kind is WatermarkRecord:
+            assert isinstance(record, WatermarkRecord)
             at = marks.get(record.scope)
             if at is not None:
                 earlier = out[at]

@@ -66,7 +66,6 @@ from genrm_grpc.cohort.phases import Event, allows, transition
 from genrm_grpc.cohort.recording import (
     active_records,
     cohort_record,
-    end_state,
     final_records,
     member_record,
     restored_cohort,
@@ -434,9 +433,8 @@ class CohortRegistry:
         return active_records(cohort, self.wall_offset)
 
     def _take(self) -> list[Record]:
-        """What this decision writes: its records' end state (``recording.end_state``)."""
         records, self._outbox = self._outbox, []
-        return end_state(records) if len(records) > 1 else records
+        return records
 
     def _ended(self, cohort: Cohort) -> Ended:
         return Ended([cohort], self._take())

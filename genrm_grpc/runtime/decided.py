@@ -43,8 +43,6 @@ class Decided:
     records: list[Record] = field(default_factory=list)
     ended: list[Cohort] = field(default_factory=list)
     frozen: Cohort | None = None
-    #: A cohort frozen in this round ended in it too (scored: no judge call needed).
-    settled: bool = False
 
     def started(self, before: frozenset[CohortKey]) -> list[CohortKey]:
         """The cohorts these decisions created (not active ``before``), once each, ended
@@ -100,8 +98,9 @@ def decide_ops(
                 _settle(done, registry, now, settle)
         else:
             done.ended.extend(decision)
-    if len(ops) > 1 or done.settled:
-        # Several calls of the registry: their records' end state, as one call's is.
+    if len(done.records) > 2:
+        # What the store needs of the round: a cohort created and filled has one header,
+        # one created and ended (a 1-member group, scored) none (``end_state``).
         done.records = end_state(done.records)
     return done
 
@@ -117,7 +116,6 @@ def _settle(done: Decided, registry: CohortRegistry, now: float, settle: Settle 
         done.records.extend(ended.records)
         done.ended.extend(ended)
         done.frozen = None
-        done.settled = True
 
 
 def fail(ops: list[Op], exc: BaseException) -> None:

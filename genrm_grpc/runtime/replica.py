@@ -351,6 +351,7 @@ class ReplicaRuntime:
             log_outcome(
                 self._observer, cohort, cohort.outcome, self.judging.waiting(cohort.key), age_s
             )
+            self._ended_recently(cohort.key)
             self._end_here(cohort.key, now, cohort.outcome)
         if judge_here is not None:
             self.evaluations.start(*judge_here)
@@ -432,11 +433,14 @@ class ReplicaRuntime:
         deliver(self.judging.retire(key) or [], outcome)
 
     def _on_ended(self, key: CohortKey) -> None:
+        self._ended_recently(key)
+        if key in self._live:
+            self._fetch(key)
+
+    def _ended_recently(self, key: CohortKey) -> None:
         self._recent_ends[key] = None
         if len(self._recent_ends) > RECENT_ENDS:
             self._recent_ends.popitem(last=False)
-        if key in self._live:
-            self._fetch(key)
 
     async def _resubscribed(self) -> None:
         # Messages published while this replica was not subscribed are gone: read every

@@ -346,7 +346,10 @@ class LocalGroups:
         held = self.state
         held.apply(commit.records)
         for tomb in commit.ended:
-            held.mailbox(tomb, commit.now + MAILBOX_TTL_S)
+            if tomb.key not in held.tombstones:
+                # A cohort that left a tombstone is read from it (:meth:`outcomes`);
+                # only one that left none (a completed legacy cohort) needs a mailbox.
+                held.mailbox(tomb, commit.now + MAILBOX_TTL_S)
         token = 0
         lease_of = commit.evaluate if commit.evaluate is not None else commit.collect
         if lease_of is not None and not held.group(lease_of).lease_held(self.clock.now()):
@@ -355,7 +358,7 @@ class LocalGroups:
             held.evaluations.file(commit.evaluate, commit.now + self.lease_s)
         held.expire_mailboxes(commit.now)
         held.forget_if_idle(commit.key)
-        held.publish([tomb.key for tomb in commit.ended], commit.grown)
+        held.publish([tomb.key for tomb in commit.ended], commit.grown, origin=self)
         return Committed(True, token=token, version=str(commit.group.version))
 
     # ------------------------------------------------------------------ evaluation leases
@@ -419,8 +422,10 @@ class LocalGroups:
         on_grown: Callable[[CohortKey], None] | None = None,
     ) -> None:
         """Call ``on_ended`` (``on_grown``) for every cohort a commit ended (grew) until
-        ``stopping``: nothing is lost in between, so ``on_subscribed`` runs once."""
-        listener = (on_ended, on_grown or _ignore)
+        ``stopping``: nothing is lost in between, so ``on_subscribed`` runs once. The
+        ends of this store's own commits are not told: its runtime has them from its
+        commit (``GroupDecisions``' ``committed``)."""
+        listener = (self, on_ended, on_grown or _ignore)
         self.state.listeners.append(listener)
         try:
             await on_subscribed()

@@ -147,7 +147,10 @@ class Held:
         self.active_by_principal: dict[str, int] = {}
         self.versions = itertools.count(1)
         self.tokens = itertools.count(1)
-        self.listeners: list[tuple[Callable[[CohortKey], None], Callable[[CohortKey], None]]] = []
+        #: (the store listening, its ``on_ended``, its ``on_grown``)
+        self.listeners: list[
+            tuple[object, Callable[[CohortKey], None], Callable[[CohortKey], None]]
+        ] = []
         #: Told when a cohort's deadline is due (its timer fired).
         self.due_listeners: list[Callable[[CohortKey], None]] = []
         self._timers: dict[CohortKey, tuple[float, TimerHandle]] = {}
@@ -412,12 +415,18 @@ class Held:
         return Tombstone.from_record(kept[0]) if kept is not None and kept[1] > now else None
 
     # ------------------------------------------------------------------ fan-out
-    def publish(self, ended: Sequence[CohortKey], grown: Sequence[CohortKey]) -> None:
+    def publish(
+        self, ended: Sequence[CohortKey], grown: Sequence[CohortKey], origin: object = None
+    ) -> None:
+        """Tell the listeners what a commit ended and grew, on the loop after it. The
+        ends are not told to the listener of ``origin`` (the store that committed): its
+        runtime had them from its own commit."""
         if not self.listeners or not (ended or grown):
             return
         loop = asyncio.get_running_loop()
-        for on_ended, on_grown in list(self.listeners):
-            for key in ended:
-                loop.call_soon(on_ended, key)
+        for owner, on_ended, on_grown in list(self.listeners):
+            if owner is not origin:
+                for key in ended:
+                    loop.call_soon(on_ended, key)
             for key in grown:
                 loop.call_soon(on_grown, key)

@@ -80,12 +80,13 @@ def test_an_ended_cohort_is_dropped_and_leaves_a_tombstone_record() -> None:
     assert any(isinstance(r, WatermarkRecord) for r in ended.records)
 
 
-def test_a_cohort_filled_by_its_first_member_has_one_header_in_that_decision() -> None:
+def test_the_end_state_of_a_cohort_filled_by_its_first_member_has_one_header() -> None:
     reg, _ = registry()
     decision = reg.submit(sub(0, size=1), T0)
     assert decision.frozen
-    assert [type(r) for r in decision.records] == [WatermarkRecord, CohortRecord, MemberRecord]
-    header = decision.records[1]
+    kept = end_state(decision.records)
+    assert [type(r) for r in kept] == [WatermarkRecord, CohortRecord, MemberRecord]
+    header = kept[1]
     assert isinstance(header, CohortRecord) and header.phase is Phase.EVALUATING
 
 
@@ -124,13 +125,13 @@ def test_a_key_dropped_then_opened_again_in_one_batch_keeps_its_new_header() -> 
     assert not [r for r in kept if isinstance(r, MemberRecord)]
 
 
-def test_one_decision_writes_one_watermark_per_group_at_the_highest_attempt() -> None:
+def test_the_end_state_keeps_one_watermark_per_group_at_the_highest_attempt() -> None:
     reg, _ = registry()
     reg.submit(sub(0, attempt=1), T0)
     # Attempt 2 raises the watermark, and ending attempt 1 (superseded) raises it again
-    # to 1: the decision's one watermark record keeps 2.
+    # to 1: the end state's one watermark record keeps 2.
     decision = reg.submit(sub(0, attempt=2), T0 + 1)
-    marks = [r for r in decision.records if isinstance(r, WatermarkRecord)]
+    marks = [r for r in end_state(decision.records) if isinstance(r, WatermarkRecord)]
     assert [m.attempt for m in marks] == [2]
     assert [c.key.attempt for c in decision.ended] == [1]
 

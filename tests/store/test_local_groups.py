@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from genrm_grpc.cohort.model import Failed, Tombstone
+from genrm_grpc.cohort.records import TombstoneRecord
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.store.group_state import GroupState
@@ -135,3 +136,52 @@ def test_an_index_nobody_polls_keeps_no_more_than_twice_what_is_filed() -> None:
     index.file(sub(0, gid="last").key, 5.0)
     assert len(index._heap) <= 2 * len(index.at) + 64
     assert index.due(10.0, 10) == [sub(0, gid="last").key]
+
+
+async def _end_one(groups: LocalGroups, gid: str) -> Tombstone:
+    """Open a cohort through ``groups`` and fail it, telling the commit what ended."""
+    key = sub(0, gid=gid).key
+    state = await groups.load(key)
+    registry, now = _decide(state)
+    assert (await groups.commit(state, registry.submit(sub(0, gid=gid), now).records)).written
+    state = await groups.load(key)
+    registry, now = _decide(state)
+    cohort = registry.active(key)
+    assert cohort is not None
+    ended = registry.fail(cohort, "stopped by a test", now)
+    assert ended
+    [tomb] = [r.tombstone for r in ended.records if isinstance(r, TombstoneRecord)]
+    assert (await groups.commit(state, ended.records, ended=[tomb])).written
+    return tomb
+
+
+async def test_an_ended_cohort_with_a_tombstone_is_read_from_it_not_from_a_mailbox() -> None:
+    groups = LocalGroups(SETTINGS, lease_s=10)
+    tomb = await _end_one(groups, "told")
+    assert groups.state.mailboxes == {}  # the same outcome is not kept twice
+    found = await groups.outcomes([tomb.key])
+    assert found[tomb.key].outcome == tomb.outcome
+
+
+async def test_a_commits_ends_reach_the_other_stores_listeners_not_its_own() -> None:
+    """Its own runtime has them from its commit; a second store sharing the state (a
+    second replica, in the tests) hears them from the fan-out."""
+    first = LocalGroups(SETTINGS, lease_s=10)
+    second = LocalGroups(SETTINGS, lease_s=10, shared_with=first)
+    heard: dict[str, list[object]] = {"first": [], "second": []}
+    stopping = asyncio.Event()
+
+    async def nothing() -> None:
+        return None
+
+    listening = [
+        asyncio.ensure_future(store.listen(heard[name].append, nothing, stopping=stopping))
+        for name, store in (("first", first), ("second", second))
+    ]
+    await asyncio.sleep(0)
+    tomb = await _end_one(first, "fanned")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert heard == {"first": [], "second": [tomb.key]}
+    stopping.set()
+    await asyncio.gather(*listening)
