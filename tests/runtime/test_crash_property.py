@@ -2,8 +2,9 @@
 
 A random script interleaves first submissions of the members of a few groups, judge
 completions (a verdict, or a failure for a "poisoned" question), group commits of the
-store, and crashes. The same script is run once without its crashes; every member must
-get the same answer in both runs (the same reward, or the same masked / failed kind).
+store, clients hanging up (a waiting call dropped, then sent again), and crashes. The
+same script is run once without its crashes and hang-ups; every member must get the
+same answer in both runs (the same reward, or the same masked / failed kind).
 
 Everything is real except the judge (a ScriptedJudge) and time (a ManualClock that moves
 only to run the store's rewrites and the groups runtime's sweeps): one process, one SQLite
@@ -157,14 +158,15 @@ class Script:
     ops: list[tuple[object, ...]]
 
     def without_crashes(self) -> Script:
-        ops = [op for op in self.ops if op[0] != "crash"]
+        """The same script with neither crashes nor hang-ups."""
+        ops = [op for op in self.ops if op[0] not in ("crash", "hangup")]
         return Script(self.sizes, self.schedule, self.poisoned, ops)
 
 
 @st.composite
 def scripts(draw: st.DrawFn) -> Script:
     count = draw(st.integers(1, 2))
-    sizes = {f"g{n}": draw(st.integers(2, 4)) for n in range(count)}
+    sizes = {f"g{n}": draw(st.integers(1, 4)) for n in range(count)}
     poisoned: dict[str, int] = {}
     for gid, size in sizes.items():
         slot = draw(st.one_of(st.none(), st.integers(0, size - 1)))
@@ -179,6 +181,7 @@ def scripts(draw: st.DrawFn) -> Script:
                 st.just(("commit",)),
                 st.just(("fail",)),
                 st.tuples(st.just("crash"), st.booleans()),
+                st.tuples(st.just("hangup"), st.integers(0, 7)),
             ),
             max_size=24,
         )
@@ -256,11 +259,14 @@ class Process:
         self.calls: list[asyncio.Task[None]] = []
         #: Calls that got STORE_UNAVAILABLE: the client sends them again.
         self.unavailable: list[MemberId] = []
+        self.sent: dict[asyncio.Future[None], MemberId] = {}
 
     def send(self, member: MemberId) -> None:
         gid, slot = member
         submission = sub(slot, gid=gid, size=self.script.sizes[gid])
-        self.calls.append(asyncio.ensure_future(self._call(member, submission)))
+        call = asyncio.ensure_future(self._call(member, submission))
+        self.calls.append(call)
+        self.sent[call] = member
 
     async def _call(self, member: MemberId, submission: Submission) -> None:
         """What SubmitMember does: answer only once what the answer depends on is durable."""
@@ -282,6 +288,14 @@ class Process:
                 self.run.answers[member] = ("interrupted", exc.reason.value)
             return
         self.run.answers[member] = answer_of(outcome, member[1])
+
+    def hang_up(self, pick: int) -> None:
+        """A client drops a call still waiting (its connection), and sends it again."""
+        waiting = [(call, member) for call, member in self.sent.items() if not call.done()]
+        if waiting:
+            call, member = waiting[pick % len(waiting)]
+            call.cancel()
+            self.unavailable.append(member)
 
     def judge_one(self, pick: int) -> bool:
         blocked = self.judge.blocked()
@@ -379,6 +393,8 @@ async def execute(script: Script, path: Path, kind: RuntimeKind) -> Run:
             process.judge_one(int(op[1]))  # type: ignore[call-overload]
         elif op[0] == "commit":
             await process.store.commit()
+        elif op[0] == "hangup":
+            process.hang_up(int(op[1]))  # type: ignore[call-overload]
         elif op[0] == "fail":
             process.store.failing = True
             await process.store.commit()
