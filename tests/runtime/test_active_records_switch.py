@@ -3,12 +3,16 @@
 ``memory://`` keeps nothing across a restart: of a cohort's records it uses only those
 that end it (tombstone and drops, for its verdict index). The registry builds the
 records of active cohorts (headers, members, attempt watermarks) under one switch,
-``journal_active``, which the runtime sets from ``store.survives_restart``.
+``journal_active``, which the registry runtime sets from ``store.survives_restart`` (the
+groups runtime writes nothing without a file behind its group store). What a restart
+reads back of a file is pinned on both runtimes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from genrm_grpc.cohort.records import (
     CohortRecord,
@@ -21,14 +25,16 @@ from genrm_grpc.cohort.records import (
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.store.durable import MemoryDurable
+from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import ManualClock
 from tests.cohort.support import T0, completed, registry
 from tests.cohort.support import sub as member
 
-from .support import ScriptedJudge
+from .support import RUNTIME_KINDS, Runtime, RuntimeKind, ScriptedJudge
 
 
 def _one_group(reg: CohortRegistry) -> list[Record]:
@@ -73,21 +79,46 @@ def _runtime(store: MemoryDurable | SqliteStore) -> CohortRuntime:
     return CohortRuntime(reg, ScriptedJudge(), settings, clock=ManualClock(), store=store)
 
 
+def _over_file(path: Path, kind: RuntimeKind) -> Runtime:
+    """A runtime of ``kind`` over the SQLite file at ``path`` (not opened yet)."""
+    if kind == "registry":
+        return _runtime(SqliteStore(path))
+    settings = Settings(default_principle="", runtime="groups")
+    clock = ManualClock()
+    shared = LocalGroups(
+        settings, lease_s=settings.replica_lease_s, behind=SqliteStore(path), clock=clock
+    )
+    reg = CohortRegistry(settings, MemoryStore(settings))
+    return ReplicaRuntime(
+        reg, ScriptedJudge(), settings, shared=shared, clock=clock, batch_window_s=0.0
+    )
+
+
+async def _stop(runtime: Runtime) -> None:
+    await runtime.shutdown(0.0)  # a file keeps the active cohorts for the next process
+    await runtime.close()
+
+
 async def test_the_runtime_turns_active_journaling_off_for_memory() -> None:
     runtime = _runtime(MemoryDurable())
     assert not runtime.registry.journal_active
 
 
-async def test_the_runtime_keeps_active_journaling_for_a_file_and_a_restart_finds_the_member(
-    tmp_path: Path,
+async def test_the_runtime_keeps_active_journaling_for_a_file(tmp_path: Path) -> None:
+    runtime = _runtime(SqliteStore(tmp_path / "state.sqlite3"))
+    assert runtime.registry.journal_active
+
+
+@pytest.mark.parametrize("kind", RUNTIME_KINDS)
+async def test_a_restart_finds_the_member_of_an_active_cohort_in_the_file(
+    tmp_path: Path, kind: RuntimeKind
 ) -> None:
     path = tmp_path / "state.sqlite3"
-    runtime = _runtime(SqliteStore(path))
-    assert runtime.registry.journal_active
+    runtime = _over_file(path, kind)
     await runtime.open()
-    ticket = runtime.decide(member(0))
+    ticket = await runtime.submit(member(0))
     await ticket.persisted()
-    await runtime.close()
+    await _stop(runtime)
 
     again = SqliteStore(path)
     recovered = await again.open(0.0)
@@ -98,21 +129,22 @@ async def test_the_runtime_keeps_active_journaling_for_a_file_and_a_restart_find
     assert [w.scope for w in recovered.watermarks] == [member(0).key.group_scope]
 
 
-async def test_a_restart_counts_the_cohorts_it_restores_by_phase(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", RUNTIME_KINDS)
+async def test_a_restart_counts_the_cohorts_it_restores_by_phase(
+    tmp_path: Path, kind: RuntimeKind
+) -> None:
     path = tmp_path / "state.sqlite3"
-    runtime = _runtime(SqliteStore(path))
+    runtime = _over_file(path, kind)
     await runtime.open()
-    for ticket in [runtime.decide(member(i, gid="full")) for i in range(3)]:
-        await ticket.persisted()  # frozen: its evaluation waits on the scripted judge
-    await runtime.decide(member(0, gid="half")).persisted()
-    census = runtime.census()
+    for i in range(3):  # frozen: its evaluation waits on the scripted judge
+        await (await runtime.submit(member(i, gid="full"))).persisted()
+    await (await runtime.submit(member(0, gid="half"))).persisted()
+    census = await runtime.refresh_census()
     assert (census.collecting, census.evaluating) == (1, 1)
-    await runtime.shutdown(0.0)  # a file keeps both cohorts for the next process
-    await runtime.close()
+    await _stop(runtime)
 
-    again = _runtime(SqliteStore(path))
+    again = _over_file(path, kind)
     assert await again.open() == 2
-    census = again.census()
+    census = await again.refresh_census()
     assert (census.collecting, census.evaluating) == (1, 1)
-    await again.shutdown(0.0)
-    await again.close()
+    await _stop(again)

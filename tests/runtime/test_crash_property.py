@@ -2,14 +2,19 @@
 
 A random script interleaves first submissions of the members of a few groups, judge
 completions (a verdict, or a failure for a "poisoned" question), group commits of the
-store, and crashes. The same script is run once without its crashes; every member must
-get the same answer in both runs (the same reward, or the same masked / failed kind).
+store, clients hanging up (a waiting call dropped, then sent again), and crashes. The
+same script is run once without its crashes and hang-ups; every member must get the
+same answer in both runs (the same reward, or the same masked / failed kind).
 
 Everything is real except the judge (a ScriptedJudge) and time (a ManualClock that moves
-only to run the store's rewrites): one process, one SQLite file per run, a CohortRuntime
-over it. The script's ``fail`` step makes every waiting batch fail as a full disk would
-(nothing written, the runtime told so); the client then resends the calls that got
-``STORE_UNAVAILABLE``, as it does for any ``UNAVAILABLE``.
+only to run the store's rewrites and the groups runtime's sweeps): one process, one SQLite
+file per run, and each script runs on both runtimes (``RUNTIME_KINDS``): a CohortRuntime
+writing to the file, and a ReplicaRuntime over the in-process group store with the file
+behind it (``runtime: groups``). The script's ``fail`` step makes every waiting batch
+fail as a full disk would (nothing written, the runtime told so); the client then
+resends the calls that got ``STORE_UNAVAILABLE``, as it does for any ``UNAVAILABLE``.
+The registry runtime has decided such a call already and writes its records again; the
+groups runtime held nothing of it and decides the resend afresh.
 
 How a crash is modelled. The store is a real :class:`SqliteStore` whose batches wait in
 this process, as if its writer thread had not got to them yet, until the script's
@@ -22,11 +27,17 @@ hears that they are durable. A crash then
   crash), and lets nothing through from now on;
 - cancels the runtime's tasks and the clients' calls (the connections drop) and closes
   the writer with an empty queue (nothing more reaches the file), releasing the file's
-  lock as the kernel does for a killed process.
+  lock as the kernel does for a killed process. (The groups runtime is stopped by its
+  drain, which then writes nothing: what it does is lost with the process's memory.)
+
+On the groups runtime a commit counts once the file has it and completes by a callback
+on the write, whoever waited for it: a batch committed is in the file and is what the
+next process reads, acknowledged or not, and a batch still waiting is lost with its
+decision, as if it had never been made.
 
 So a crash can land between a judge completion and its journal commit, between a
 member's acceptance and its commit, and after an outcome's commit (acknowledged or not).
-A new registry and runtime then open the same file and the client resends every member
+A new runtime then opens the same file and the client resends every member
 it has no answer for, identically.
 """
 
@@ -42,6 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -52,13 +64,15 @@ from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput
 from genrm_grpc.runtime.engine import CohortRuntime
 from genrm_grpc.runtime.live import REWRITE_DELAY_S, CallInterrupted
+from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring.types import Verdict
+from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.records import StoreError, decode_key
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import ManualClock
 
-from .support import ScriptedJudge, settle, sub
+from .support import LEASE_S, RUNTIME_KINDS, Runtime, RuntimeKind, ScriptedJudge, settle, sub
 
 #: (group id, rollout index): one member of the script.
 MemberId = tuple[str, int]
@@ -144,14 +158,15 @@ class Script:
     ops: list[tuple[object, ...]]
 
     def without_crashes(self) -> Script:
-        ops = [op for op in self.ops if op[0] != "crash"]
+        """The same script with neither crashes nor hang-ups."""
+        ops = [op for op in self.ops if op[0] not in ("crash", "hangup")]
         return Script(self.sizes, self.schedule, self.poisoned, ops)
 
 
 @st.composite
 def scripts(draw: st.DrawFn) -> Script:
     count = draw(st.integers(1, 2))
-    sizes = {f"g{n}": draw(st.integers(2, 4)) for n in range(count)}
+    sizes = {f"g{n}": draw(st.integers(1, 4)) for n in range(count)}
     poisoned: dict[str, int] = {}
     for gid, size in sizes.items():
         slot = draw(st.one_of(st.none(), st.integers(0, size - 1)))
@@ -166,6 +181,7 @@ def scripts(draw: st.DrawFn) -> Script:
                 st.just(("commit",)),
                 st.just(("fail",)),
                 st.tuples(st.just("crash"), st.booleans()),
+                st.tuples(st.just("hangup"), st.integers(0, 7)),
             ),
             max_size=24,
         )
@@ -189,11 +205,14 @@ class Run:
     settled: set[PassId] = field(default_factory=set)
     #: pass → crashes at which it had been judged in that process but was not in the file
     lost: dict[PassId, int] = field(default_factory=dict)
+    #: at each crash, the groups whose outcome was in the file
+    stored: list[set[str]] = field(default_factory=list)
     crashes: int = 0
 
 
 @functools.cache
-def _settings(schedule: str) -> Settings:
+def _settings(schedule: str, kind: RuntimeKind) -> Settings:
+    groups = {"runtime": "groups", "replica_lease_s": LEASE_S} if kind == "groups" else {}
     return Settings(
         # Far beyond the rewrites' clock steps: no deadline ever passes.
         cohort_collection_timeout_s=100_000.0,
@@ -201,39 +220,61 @@ def _settings(schedule: str) -> Settings:
         judge_schedule=schedule,  # type: ignore[arg-type]
         judge_max_concurrency=64,
         default_principle="",
+        **groups,  # type: ignore[arg-type]
     )
 
 
 class Process:
-    """One server process: a registry and runtime over the file, a judge, the clients."""
+    """One server process: a runtime of ``kind`` over the file, a judge, the clients.
 
-    def __init__(self, script: Script, path: Path, run: Run) -> None:
+    ``registry``: a CohortRuntime writing to the file itself. ``groups``: a
+    ReplicaRuntime over the in-process group store with the file behind it (every
+    commit written there before it counts), as ``runtime: groups`` serves.
+    """
+
+    def __init__(self, script: Script, path: Path, run: Run, kind: RuntimeKind) -> None:
         self.script = script
         self.run = run
         self.store = HeldStore(path)
         self.judge = ScriptedJudge(verdict=verdict_for)
         self.clock = ManualClock(start=1000.0)
-        config = _settings(script.schedule)
+        config = _settings(script.schedule, kind)
         registry = CohortRegistry(config, MemoryStore(config))
-        self.runtime = CohortRuntime(
-            registry, self.judge, config, clock=self.clock, store=self.store
-        )
+        self.runtime: Runtime
+        if kind == "registry":
+            self.runtime = CohortRuntime(
+                registry, self.judge, config, clock=self.clock, store=self.store
+            )
+        else:
+            groups = LocalGroups(
+                config,
+                lease_s=config.replica_lease_s,
+                behind=self.store,
+                address=f"sqlite:///{path}",
+                clock=self.clock,
+            )
+            self.runtime = ReplicaRuntime(
+                registry, self.judge, config, shared=groups, clock=self.clock, batch_window_s=0.0
+            )
         self.calls: list[asyncio.Task[None]] = []
         #: Calls that got STORE_UNAVAILABLE: the client sends them again.
         self.unavailable: list[MemberId] = []
+        self.sent: dict[asyncio.Future[None], MemberId] = {}
 
     def send(self, member: MemberId) -> None:
         gid, slot = member
         submission = sub(slot, gid=gid, size=self.script.sizes[gid])
-        self.calls.append(asyncio.ensure_future(self._call(member, submission)))
+        call = asyncio.ensure_future(self._call(member, submission))
+        self.calls.append(call)
+        self.sent[call] = member
 
     async def _call(self, member: MemberId, submission: Submission) -> None:
         """What SubmitMember does: answer only once what the answer depends on is durable."""
-        ticket = self.runtime.decide(submission)
-        if ticket.rejection is not None:
-            self.run.answers[member] = ("rejected", ticket.rejection.reason.value)
-            return
         try:
+            ticket = await self.runtime.submit(submission)
+            if ticket.rejection is not None:
+                self.run.answers[member] = ("rejected", ticket.rejection.reason.value)
+                return
             await ticket.persisted()
             if ticket.replay is not None:
                 outcome = ticket.replay.outcome
@@ -247,6 +288,14 @@ class Process:
                 self.run.answers[member] = ("interrupted", exc.reason.value)
             return
         self.run.answers[member] = answer_of(outcome, member[1])
+
+    def hang_up(self, pick: int) -> None:
+        """A client drops a call still waiting (its connection), and sends it again."""
+        waiting = [(call, member) for call, member in self.sent.items() if not call.done()]
+        if waiting:
+            call, member = waiting[pick % len(waiting)]
+            call.cancel()
+            self.unavailable.append(member)
 
     def judge_one(self, pick: int) -> bool:
         blocked = self.judge.blocked()
@@ -269,7 +318,16 @@ class Process:
             await self.store.commit(acknowledge=False)
         self.store.dead = True
         self.store.held.clear()
-        tasks = [*self.calls, *self.runtime.judging.owned]
+        for call in self.calls:
+            call.cancel()
+        await asyncio.gather(*self.calls, return_exceptions=True)
+        if isinstance(self.runtime, ReplicaRuntime):
+            # Its drain, with nothing reaching the file any more: what it does then is
+            # this process's memory only, which the crash throws away.
+            await self.runtime.shutdown(0)
+            await self.runtime.close()
+            return
+        tasks = list(self.runtime.judging.owned)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -289,9 +347,9 @@ def in_file(path: Path) -> tuple[set[PassId], set[str]]:
     return passes, tombs
 
 
-async def execute(script: Script, path: Path) -> Run:
+async def execute(script: Script, path: Path, kind: RuntimeKind) -> Run:
     run = Run()
-    process = Process(script, path, run)
+    process = Process(script, path, run, kind)
     await process.runtime.open()
     sent: list[MemberId] = []
 
@@ -301,6 +359,7 @@ async def execute(script: Script, path: Path) -> Run:
         made = process.record_calls()
         run.calls.extend(made)
         journaled, tombs = in_file(path)
+        run.stored.append(tombs)
         done = journaled | {p for p in made if p[0] in tombs}
         for member, answer in run.answers.items():
             # Nothing was answered that the file does not hold.
@@ -309,7 +368,7 @@ async def execute(script: Script, path: Path) -> Run:
             run.lost[judged] = run.lost.get(judged, 0) + 1
         run.settled |= journaled
         run.settled |= {p for p in run.calls if p[0] in tombs}
-        fresh = Process(script, path, run)
+        fresh = Process(script, path, run, kind)
         await fresh.runtime.open()
         for member in sent:
             if member not in run.answers:
@@ -334,6 +393,8 @@ async def execute(script: Script, path: Path) -> Run:
             process.judge_one(int(op[1]))  # type: ignore[call-overload]
         elif op[0] == "commit":
             await process.store.commit()
+        elif op[0] == "hangup":
+            process.hang_up(int(op[1]))  # type: ignore[call-overload]
         elif op[0] == "fail":
             process.store.failing = True
             await process.store.commit()
@@ -362,9 +423,9 @@ async def execute(script: Script, path: Path) -> Run:
     return run
 
 
-def run_script(script: Script) -> Run:
+def run_script(script: Script, kind: RuntimeKind) -> Run:
     with tempfile.TemporaryDirectory() as tmp:
-        return asyncio.run(execute(script, Path(tmp) / "state.sqlite3"))
+        return asyncio.run(execute(script, Path(tmp) / "state.sqlite3", kind))
 
 
 @settings(
@@ -373,12 +434,13 @@ def run_script(script: Script) -> Run:
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(scripts())
+@pytest.mark.parametrize("kind", RUNTIME_KINDS)
+@given(script=scripts())
 def test_crashes_anywhere_never_change_an_outcome_nor_judge_a_finished_pass_twice(
-    script: Script,
+    kind: RuntimeKind, script: Script
 ) -> None:
-    calm = run_script(script.without_crashes())
-    crashed = run_script(script)
+    calm = run_script(script.without_crashes(), kind)
+    crashed = run_script(script, kind)
 
     assert crashed.answers == calm.answers
     assert all(answer[0] in ("reward", "masked") for answer in calm.answers.values())
@@ -402,21 +464,36 @@ def _pair_script(*steps: tuple[object, ...]) -> Script:
     return Script({"g0": 2}, "after_collection", {}, [*members, *steps])
 
 
-def test_the_crash_model_loses_what_was_not_committed_and_keeps_what_was() -> None:
-    """The model itself, on a group of two (passes (0, 1) and (1, 0))."""
+@pytest.mark.parametrize("kind", RUNTIME_KINDS)
+def test_the_crash_model_loses_what_was_not_committed_and_keeps_what_was(
+    kind: RuntimeKind,
+) -> None:
+    """The model itself, on a group of two (passes (0, 1) and (1, 0)). The groups
+    runtime decides the second member once the first one's commit is written (the
+    group's reads wait for it): two ``commit`` steps store both members on either
+    runtime (the registry's second one finds nothing waiting)."""
+    members = (("commit",), ("commit",))
     # Nothing committed: judging waits for the members' records, so the crash loses the
     # members (they are resent) but no judge call; each pass is judged once.
-    run = run_script(_pair_script(("judge", 0), ("crash", False)))
-    assert run.crashes == 1 and run.settled == set()
+    run = run_script(_pair_script(("judge", 0), ("crash", False)), kind)
+    assert run.crashes == 1 and run.settled == set() and run.stored == [set()]
     assert run.lost == {}
     assert sorted(run.calls) == [("g0", 0, 1), ("g0", 1, 0)]
     # A journal commit between the judge completion and the crash: only the other pass.
-    run = run_script(_pair_script(("commit",), ("judge", 0), ("commit",), ("crash", False)))
+    run = run_script(_pair_script(*members, ("judge", 0), ("commit",), ("crash", False)), kind)
     assert run.settled == {("g0", 0, 1)} and run.lost == {("g0", 1, 0): 1}
     assert sorted(run.calls) == [("g0", 0, 1), ("g0", 1, 0), ("g0", 1, 0)]
-    # The outcome committed but never acknowledged: the resends replay it, no judge call.
-    run = run_script(
-        _pair_script(("commit",), ("judge", 0), ("judge", 0), ("commit",), ("crash", True))
-    )
+    # Both verdicts journaled. The registry writes the outcome in their batch; the groups
+    # runtime commits it once they are written, so the crash loses its batch, and the
+    # next process concludes from the journal. No judge call again either way.
+    both_judged = (*members, ("judge", 0), ("judge", 0), ("commit",))
+    run = run_script(_pair_script(*both_judged, ("crash", False)), kind)
+    assert run.stored == ([{"g0"}] if kind == "registry" else [set()])
+    assert run.settled == {("g0", 0, 1), ("g0", 1, 0)}
+    assert run.lost == {} and sorted(run.calls) == [("g0", 0, 1), ("g0", 1, 0)]
+    # The outcome committed but never acknowledged: it is in the file, the resends
+    # replay it.
+    run = run_script(_pair_script(*both_judged, ("crash", True)), kind)
+    assert run.stored == [{"g0"}]
     assert run.lost == {} and sorted(run.calls) == [("g0", 0, 1), ("g0", 1, 0)]
     assert {answer[0] for answer in run.answers.values()} == {"reward"}

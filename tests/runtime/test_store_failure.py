@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from genrm_grpc.cohort.model import Completed, Reason
+from genrm_grpc.cohort.model import Completed, Phase, Reason
 from genrm_grpc.cohort.records import (
     DropCohort,
     MemberRecord,
@@ -39,6 +39,7 @@ from .support import (
     close_runtime,
     make_runtime,
     open_runtime,
+    phase_of,
     settle,
     sub,
     until,
@@ -109,6 +110,8 @@ def interrupted_by_store(got: object) -> bool:
 async def test_an_outcome_whose_write_fails_is_written_again_every_delay_until_stored(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
+    """Registry only: its calls get STORE_UNAVAILABLE because it decided before writing;
+    the groups runtime's calls wait for the rewrite (its version below)."""
     store = FlakyStore()
     rt = runtime_over(store, judge, clock)
     calls = [asyncio.ensure_future(answer(rt.decide(sub(i)))) for i in range(3)]
@@ -249,6 +252,8 @@ async def test_a_cohort_is_judged_only_once_the_write_that_completed_it_is_store
 async def test_a_completing_member_whose_write_fails_is_written_again_before_judging(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
+    """Registry only: the groups runtime holds nothing of a failed commit, so there is
+    nothing to write again; the member's resend completes the group (its version below)."""
     store = FlakyStore()
     rt = runtime_over(store, judge, clock)
     first = [asyncio.ensure_future(answer(rt.decide(sub(k)))) for k in range(2)]
@@ -281,7 +286,8 @@ async def test_a_completing_member_whose_write_fails_is_written_again_before_jud
 # write") writes first and holds nothing of a decision until it is written: the call
 # whose commit failed gets STORE_UNAVAILABLE and the group stays as it was, and an
 # evaluation's end is committed again every REWRITE_DELAY_S while its lease holds. The
-# same scenarios, on it:
+# same scenarios, on it (a registry test's docstring says where its groups version
+# differs by design):
 
 
 async def groups_over(store: FlakyStore, judge: ScriptedJudge, clock: ManualClock) -> Runtime:
@@ -315,13 +321,18 @@ async def test_groups_an_outcome_whose_commit_fails_is_committed_again_every_del
     await settle()
     failed_writes = len(store.attempts)
     assert not any(call.done() for call in calls)
+    # An identical resend meanwhile reattaches (nothing to write) and waits with them.
+    resend = asyncio.ensure_future(answer(await rt.submit(sub(0))))
+    await settle()
+    assert len(store.attempts) == failed_writes and not resend.done()
     for retry in range(3):
         await advance(clock, REWRITE_DELAY_S)
         assert len(store.attempts) == failed_writes + retry + 1
         assert not any(isinstance(r, TombstoneRecord) for r in store.written)
+    assert not resend.done()
     await advance(clock, REWRITE_DELAY_S)  # the fifth write succeeds
     assert any(isinstance(r, TombstoneRecord) for r in store.written)
-    assert all(isinstance(call.result(), Completed) for call in calls)
+    assert all(isinstance(call.result(), Completed) for call in [*calls, resend])
     attempts = len(store.attempts)
     await advance(clock, 10 * REWRITE_DELAY_S)  # and nothing is written after it
     assert len(store.attempts) == attempts
@@ -373,3 +384,59 @@ async def test_groups_a_cohort_is_judged_only_once_the_commit_that_completed_it_
         await settle()
     assert all(isinstance(call.result(), Completed) for call in calls)
     await close_runtime(rt)
+
+
+async def test_groups_a_completing_member_whose_commit_fails_leaves_the_group_collecting(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    """Nothing of the failed commit is held, so nothing is written again and nothing is
+    judged: the group waits, as it was, for the member's resend, which completes it."""
+    store = FlakyStore()
+    rt = await groups_over(store, judge, clock)
+    first = [asyncio.ensure_future(answer(await rt.submit(sub(k)))) for k in range(2)]
+    store.failures = 1
+    with pytest.raises(CallInterrupted) as lost:
+        await rt.submit(sub(2))
+    assert lost.value.reason is Reason.STORE_UNAVAILABLE
+    attempts = len(store.attempts)
+    for _ in range(3):
+        await advance(clock, REWRITE_DELAY_S)
+    assert len(store.attempts) == attempts and judge.calls == []
+    assert await phase_of(rt, sub(0).key) is Phase.COLLECTING
+    assert not any(call.done() for call in first)
+    last = asyncio.ensure_future(answer(await rt.submit(sub(2))))  # the resend
+    await until(lambda: len(judge.calls) == 3)
+    judge.release_all()
+    await settle()
+    for call in [*first, last]:
+        assert call.done() and isinstance(call.result(), Completed), call.result()
+    slots = [r.coords.rollout_index for r in store.written if isinstance(r, MemberRecord)]
+    assert sorted(set(slots)) == [0, 1, 2]
+    await close_runtime(rt)
+
+
+async def test_groups_retries_of_an_outcome_stop_when_the_runtime_is_stopped(
+    clock: ManualClock, judge: ScriptedJudge
+) -> None:
+    """Its evaluation is this process's task: the drain cancels it with its rewrites, and
+    the waiting calls are told to resend once the server is back (the file keeps the
+    cohort, evaluating, for the next process)."""
+    store = FlakyStore()
+    rt = await groups_over(store, judge, clock)
+    calls = [asyncio.ensure_future(answer(await rt.submit(sub(i)))) for i in range(3)]
+    await until(lambda: len(judge.calls) == 3)
+    store.failures = 1_000
+    judge.release_all()
+    await settle()
+    attempts = len(store.attempts)
+    await advance(clock, REWRITE_DELAY_S)
+    assert len(store.attempts) == attempts + 1  # the outcome is being written again
+    await rt.shutdown(0)
+    await rt.close()
+    attempts = len(store.attempts)
+    for _ in range(10):
+        await advance(clock, REWRITE_DELAY_S)
+    assert len(store.attempts) == attempts
+    for call in calls:
+        got = call.result()
+        assert isinstance(got, CallInterrupted) and got.reason is Reason.SHUTTING_DOWN, got
