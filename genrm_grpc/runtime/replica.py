@@ -478,11 +478,16 @@ class ReplicaRuntime:
                 available = True
             except StoreError:
                 available = False
-            await self._store_health(available)
+            if self.shared.shared_by_replicas:
+                await self._store_health(available)
             await sleep(self._clock, STORE_CHECK_S if available else SWEEP_S)
 
     def _store_failed(self) -> None:
-        if self.store_available:
+        """A read or write of the group store failed. Readiness follows a store shared by
+        replicas (Redis: another replica may serve meanwhile); a single process's file
+        behind the in-process store does not turn it, as under the registry runtime: its
+        failed writes are counted (``store_failures``) and each call they fail is told."""
+        if self.store_available and self.shared.shared_by_replicas:
             self.judging.own(self._store_health(False), name="replica-store-down")
 
     async def _store_health(self, available: bool) -> None:

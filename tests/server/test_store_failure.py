@@ -153,6 +153,9 @@ async def test_a_failing_disk_fails_the_member_it_cannot_write_and_its_resend_go
     with failing_disk(path):
         await _refused_for_the_store(client)
         assert server.runtime.stats()["store_failures"] >= 1
+        # A single process's file does not turn readiness (docs/metrics.md): the
+        # failure is counted and told to the call it failed, as under the registry.
+        assert server.runtime.stats()["store_available"] == 1
         assert fake_judge.stats()["total"] == 0
         assert not any(call.done() for call in first)
         assert _count(path, "SELECT count(*) FROM members") == SIZE - 1
