@@ -27,6 +27,12 @@ class GroupJournal(Protocol):
     #: False when nothing outlives the process: a drain then fails the active cohorts.
     survives_restart: bool
 
+    @property
+    def write_failures(self) -> int:
+        """Journal writes that failed and are not counted in the group store's own
+        ``stats.failures`` (a batch refused because its lease was lost is not one)."""
+        ...
+
     async def start(self) -> None: ...
     async def close(self) -> None: ...
     def persist(

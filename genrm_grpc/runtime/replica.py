@@ -304,8 +304,8 @@ class ReplicaRuntime:
         return {
             **self.judging.stats(),
             # Group commits that failed (the calls depending on one got STORE_UNAVAILABLE),
-            # and, in process, journal writes to the file behind.
-            "store_failures": shared.failures,
+            # and journal writes that failed (Redis's batches; in process, the file's).
+            "store_failures": shared.failures + self.store.write_failures,
             # The deployment's active cohorts as this replica last read them (the shared
             # counts); this process's registry holds none.
             "active_cohorts": shared.active_seen,

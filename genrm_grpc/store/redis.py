@@ -240,6 +240,12 @@ class RedisStore:
         return reuse_verdict(raw, scope, context, first, second, judge_index, swap)
 
     # ------------------------------------------------------------------ writing
+    @property
+    def write_failures(self) -> int:
+        """Batches Redis did not take (unreachable, refused); a batch refused because
+        its lease was lost is not one."""
+        return self.stats.failures
+
     def persist(
         self, records: Sequence[Record], *, lease: Lease | None = None
     ) -> asyncio.Future[None]:
@@ -336,6 +342,7 @@ class RedisStore:
                         f"the lease {batch.lease.token} of a group is no longer current in "
                         f"the store {self.address}: nothing written"
                     ),
+                    counted=False,  # the fence did its job: the store did not fail
                 )
                 continue
             self.stats.batches += 1
@@ -343,9 +350,10 @@ class RedisStore:
             if not batch.future.done():
                 batch.future.set_result(None)
 
-    def _fail(self, batches: list[_Batch], error: StoreError) -> None:
-        self.stats.failures += 1
-        self.stats.last_error = str(error)
+    def _fail(self, batches: list[_Batch], error: StoreError, *, counted: bool = True) -> None:
+        if counted:
+            self.stats.failures += 1
+            self.stats.last_error = str(error)
         for batch in batches:
             if not batch.future.done():
                 batch.future.set_exception(error)

@@ -55,6 +55,7 @@ async def test_a_stale_lease_holders_batch_is_refused_whole_and_a_neighbour_stil
     neighbour = store.persist(decision(other, 0))  # the same commit
     with pytest.raises(LeaseLostError, match="nothing written"):
         await stale
+    assert store.write_failures == 0  # the fence refused it: the store did not fail
     await neighbour
     await store.persist(decision(KEY, 2), lease=theirs)
     await store.close()

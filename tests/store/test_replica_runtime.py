@@ -15,6 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from genrm_grpc.cohort.model import Completed, Failed, Reason
+from genrm_grpc.cohort.records import WatermarkRecord
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
@@ -22,9 +23,11 @@ from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
+from genrm_grpc.store.records import StoreError
 from genrm_grpc.store.redis import RedisStore
 from genrm_grpc.store.shared import SharedGroups
 from tests.cohort.support import sub
+from tests.redis_support import RedisServer
 
 SIZE = 16
 
@@ -322,3 +325,22 @@ async def test_a_stop_on_a_store_nothing_outlives_fails_the_cohorts_as_memory_pr
     await runtime.close()
     outcome = await asyncio.wait_for(ticket.waiter.wait(), 10)
     assert isinstance(outcome, Failed) and outcome.reason == "server is shutting down"
+
+
+async def test_a_journal_write_redis_did_not_take_counts_as_a_store_failure(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    """store_failures (genrm_store_write_failures_total) counts the replica's journal
+    batches too, not only its group commits."""
+    server = redis_factory()
+    runtime = await _runtime(server.url)
+    try:
+        assert runtime.stats()["store_failures"] == 0
+        server.stop()
+        with pytest.raises(StoreError):
+            await runtime.store.persist([WatermarkRecord("journaled", 1, 2e9)])
+        assert runtime.stats()["store_failures"] == 1
+    finally:
+        server.restart()
+        await runtime.shutdown(0)
+        await runtime.close()
