@@ -2,22 +2,19 @@
 of a single process deciding as its deployment's one replica (``runtime: groups``, over
 ``genrm_grpc.store.local``; what is said of Redis below holds for that store too).
 
-Every rule stays in the registry. What changes is where the state it decides on comes
-from: for each event a replica reads the group from Redis, restores it into a registry
-that holds only that group, applies the event there, and commits the decision's records
-with a compare-and-set on the group's version (``genrm_grpc.store.shared``). A refused
-commit means another replica changed the group meanwhile: read and decide again. So
-members of one group may reach any replica in any order and the outcome is the one a
-single process would reach.
+Every rule stays in the registry. For each event a replica reads the group from Redis
+into a registry that holds only that group, applies the event there, and commits the
+records with a compare-and-set on the group's version (``genrm_grpc.store.shared``); a
+refused commit means another replica changed the group: read and decide again. So
+members of one group may reach any replica in any order, with one process's outcome.
 
 - **Deciding** (bursts of events per key decided together, no read after its own
   commit, the retries of a refused commit) is ``runtime/group_decisions.py``; this
   module executes what a committed decision means here.
 - **Waiters** stay on the replica that holds the call. An outcome is committed to a
-  mailbox key and its cohort's key published on the replicas' channel in the same
-  script; every replica subscribed reads the outcomes its waiters need, and reads
-  them all again after it (re)subscribes, so a message lost while disconnected costs
-  nothing.
+  mailbox key and its cohort's key published on the replicas' channel in one script;
+  every replica reads the outcomes its waiters need, and all again after it
+  (re)subscribes, so a message lost while disconnected costs nothing.
 - **Evaluation** belongs to the replica whose commit froze the cohort (or, eager,
   created it), under the cohort's evaluation lease: ``runtime/leased.py``. When the
   lease expires (the replica died, paused or lost Redis) any replica's sweep claims it.
@@ -27,8 +24,7 @@ single process would reach.
 - **Deadlines** live in one sorted set; every replica looks for due ones every
   ``SWEEP_S``, and the version check lets exactly one of them end the cohort; the
   in-process store's are its clock's timers (``runtime/replica_sweeps.py``).
-- **Time** is the ``clock`` (wall-clock seconds; tests: ``ManualClock``): decisions,
-  deadlines, sweeps, renewals and retries all count in it.
+- **Time** is the ``clock`` (wall-clock seconds; tests: ``ManualClock``).
 - ``judge_max_concurrency`` bounds each replica's judge calls, not the deployment's.
 """
 
@@ -142,21 +138,30 @@ class ReplicaRuntime:
             settle=self._scored_at_once,
             batch_window_s=batch_window_s,
         )
-        self.evaluations = LeasedEvaluations(
-            shared,
-            config,
+        self.evaluations = self._evaluations()
+        self._recent_ends: OrderedDict[CohortKey, None] = OrderedDict()
+        self._to_fetch: set[CohortKey] = set()
+        self._fetcher: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self.sweeps = self._sweeps()
+        self._background: list[asyncio.Task[None]] = []
+        #: The deployment's counts as the store watcher last read them (STORE_CHECK_S).
+        self._census = Census()
+
+    def _evaluations(self) -> LeasedEvaluations:
+        return LeasedEvaluations(
+            self.shared,
+            self.config,
             self.judging,
             self.decisions,
             hand_off=self._hand_off,
             store_failed=self._store_failed,
             clock=self._clock,
         )
-        self._recent_ends: OrderedDict[CohortKey, None] = OrderedDict()
-        self._to_fetch: set[CohortKey] = set()
-        self._fetcher: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
-        self.sweeps = Sweeps(
-            shared,
+
+    def _sweeps(self) -> Sweeps:
+        return Sweeps(
+            self.shared,
             self.decisions,
             self.evaluations,
             clock=self._clock,
@@ -166,9 +171,6 @@ class ReplicaRuntime:
             recheck=self._resubscribed,
             store_failed=self._store_failed,
         )
-        self._background: list[asyncio.Task[None]] = []
-        #: The deployment's counts as the store watcher last read them (STORE_CHECK_S).
-        self._census = Census()
 
     # ------------------------------------------------------------------ API
     def now(self) -> float:
@@ -303,11 +305,9 @@ class ReplicaRuntime:
         shared = self.shared.stats
         return {
             **self.judging.stats(),
-            # Group commits that failed (the calls depending on one got STORE_UNAVAILABLE),
-            # and journal writes that failed (Redis's batches; in process, the file's).
+            # Failed group commits and journal writes (their calls got STORE_UNAVAILABLE).
             "store_failures": shared.failures + self.store.write_failures,
-            # The deployment's active cohorts as this replica last read them (the shared
-            # counts); this process's registry holds none.
+            # The deployment's active cohorts as last read (the registry here holds none).
             "active_cohorts": shared.active_seen,
             "evaluating_here": len(self.evaluations.here),
             "takeovers": shared.takeovers,
