@@ -290,10 +290,14 @@ class GroupDecisions:
         if self._stopped:
             fail([*done.ops, *queued], StoreError("the runtime stopped"))
             return
-        if error is not None:
-            fail(done.ops, error)
-        else:
-            self._finish(done, written.result())
+        try:
+            if error is not None:
+                fail(done.ops, error)
+            else:
+                self._finish(done, written.result())
+        except Exception as exc:  # a callback has no caller to raise to: its ops get it
+            log.exception("finishing a decision of cohort %s failed", done.key)
+            fail(done.ops, exc)
         if queued:
             self._start_drain(done.key, queued, False)
 

@@ -1,11 +1,9 @@
 """The group store of one process: the replicas' seam with nothing shared.
 
-``runtime/replica.py`` decides every event on its group as a
-``genrm_grpc.runtime.group_store.GroupStore`` holds it: read the group, decide in a
-one-group registry, commit with a compare-and-set on the group's version, fan the
-outcome out. :class:`LocalGroups` is that store kept in this process's dicts
-(``genrm_grpc.store.shared`` is the one over Redis), so a single process runs the same
-decision path as a replica of many: the one-replica case (docs/architecture.md).
+``runtime/replica.py`` decides every event on its group as a ``GroupStore`` holds it
+(read, decide in a one-group registry, compare-and-set, fan out). :class:`LocalGroups`
+is that store in this process's dicts (``genrm_grpc.store.shared`` is the one over
+Redis): a single process is the one-replica case (docs/architecture.md).
 
 What Redis does for the replicas, done here without a round trip:
 
@@ -18,21 +16,19 @@ What Redis does for the replicas, done here without a round trip:
 - **Indexes** (deadlines, evaluations, tombstone and watermark retention, outcome
   mailboxes) are heaps and insertion-ordered dicts: every call costs O(log n) or
   amortised O(1) in what is held, never a walk over it. A deadline is also a timer on
-  the store's ``clock`` while a runtime watches them (:meth:`LocalGroups.watch_due`),
-  which tells it when the key is due: no sweep polls for them. Leases count in the
-  same clock.
+  the store's ``clock`` while a runtime watches (:meth:`LocalGroups.watch_due`): no
+  sweep polls for them. Leases count in the same clock.
 - **Fan-out** is direct: a commit that ends a cohort (or grows one judged eagerly)
-  schedules the listeners' callbacks on the loop, after the commit returned, as a
-  message on the Redis channel arrives after the script that published it.
-- **The journal** (``store``) keeps the passes in an in-process index, fenced by the
-  evaluation lease.
+  schedules the other listeners' callbacks on the loop, after the commit returned, as
+  a message on the Redis channel arrives after the script that published it.
+- **The journal** (``store``) keeps the passes in an in-process index, lease-fenced.
 - **Behind it**, a SQLite file (``behind``) or nothing (``memory://``). With a file,
-  every commit is written there before it counts: until the write succeeded nothing of
-  it is held, answered or published, and the group's reads wait for it; a failed write
-  fails the decision (``STORE_UNAVAILABLE``) and leaves the group as it was. What
-  retention drops is written like any record. At start (:meth:`LocalGroups.connect`)
-  the file's active cohorts, tombstones, watermarks and passes are held again; an
-  evaluating cohort is due for its evaluation at once, which resumes from the journal.
+  every commit is written there before it counts: until then nothing of it is held,
+  answered or published, and the group's reads wait; a failed write fails the decision
+  (``STORE_UNAVAILABLE``) and leaves the group as it was; a write once begun completes
+  by callback, whoever stopped waiting. Retention's drops are written like any record.
+  At start (:meth:`LocalGroups.connect`) the file's active cohorts, tombstones,
+  watermarks and passes are held again; an evaluating cohort is due at once.
 
 Several :class:`LocalGroups` may share one state (``shared_with``): the tests use that
 to stand for two replicas of one deployment in one process.
@@ -480,12 +476,17 @@ class _Commit:
         def written(write: asyncio.Future[None]) -> None:
             error = write.exception() if not write.cancelled() else StoreError("cancelled")
             outcome: Committed | BaseException
-            if error is None:
-                outcome = self.held()
-            else:
-                self.groups.stats.failures += 1
-                outcome = error
+            # Not pending while it is held, so that a group it leaves idle is forgotten;
+            # the reads waiting for it run after this callback, on what it holds.
             self.group.pending = None
+            try:
+                if error is None:
+                    outcome = self.held()
+                else:
+                    self.groups.stats.failures += 1
+                    outcome = error
+            except Exception as exc:  # never leave the group's reads waiting
+                outcome = exc
             pending.set_result(None)
             if answer.cancelled():
                 return

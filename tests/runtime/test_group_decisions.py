@@ -202,3 +202,28 @@ async def test_a_round_that_freezes_and_settles_a_cohort_commits_no_header_or_me
     assert [c.key for c in done.ended] == [alone.key]
     kinds = {type(r) for r in done.records}
     assert kinds == {WatermarkRecord, DropCohort, TombstoneRecord}
+
+
+async def test_a_bug_after_a_written_commit_fails_its_caller_instead_of_hanging_it(
+    tmp_path: Path,
+) -> None:
+    """The commit completes in a callback of the file's write, which has no caller to
+    raise to: what fails there reaches the op's caller."""
+    groups = LocalGroups(SETTINGS, lease_s=10, behind=SqliteStore(tmp_path / "s.sqlite3"))
+    await groups.connect()
+
+    def committed(*_: object) -> None:
+        raise RuntimeError("a bug in what a commit means here")
+
+    decisions = GroupDecisions(
+        groups,
+        SETTINGS,
+        draining=lambda: False,
+        own=lambda coro, *, name: asyncio.get_running_loop().create_task(coro, name=name),
+        committed=committed,
+        clock=groups.clock,
+    )
+    alone = sub(0, gid="solo", size=1)
+    with pytest.raises(RuntimeError, match="a bug"):
+        await asyncio.wait_for(decisions.apply(alone.key, MemberArrived(alone)), 10)
+    await groups.store.close()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from genrm_grpc.cohort.model import Failed, Tombstone
-from genrm_grpc.cohort.records import TombstoneRecord
+from genrm_grpc.cohort.records import DropWatermark, TombstoneRecord, WatermarkRecord
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.store.group_state import GroupState
@@ -185,3 +185,20 @@ async def test_a_commits_ends_reach_the_other_stores_listeners_not_its_own() -> 
     assert heard == {"first": [], "second": [tomb.key]}
     stopping.set()
     await asyncio.gather(*listening)
+
+
+async def test_a_group_a_written_commit_leaves_idle_is_forgotten(tmp_path: Path) -> None:
+    """Nothing of a group is kept once it holds nothing, commits to a file included
+    (the write's own pending mark must not keep it)."""
+    groups = await _opened(tmp_path / "state.sqlite3")
+    key = sub(0, gid="marked").key
+    scope = key.group_scope
+    assert scope is not None
+    state = await groups.load(key)
+    mark = WatermarkRecord(scope, 0, time.time() + 60)
+    assert (await groups.commit(state, [mark])).written
+    assert scope in groups.state.groups
+    state = await groups.load(key)
+    assert (await groups.commit(state, [DropWatermark(scope)])).written
+    assert scope not in groups.state.groups
+    await groups.store.close()
