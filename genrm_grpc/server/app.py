@@ -202,11 +202,12 @@ class CohortServer:
                 store=store,
                 judge_identity=judge_identity(settings),
             )
-        from genrm_grpc.runtime.clock import WallClock
+        from genrm_grpc.runtime.clock import LoopClock, WallClock
         from genrm_grpc.runtime.replica import ReplicaRuntime
 
         # Wall-clock seconds: what replicas sharing Redis compare, and the in-process
-        # store's deadline timers and leases count in the same clock as its runtime.
+        # store's deadline timers count in the same clock as its runtime. Its leases
+        # count in the loop's monotonic clock, which no step of the wall clock moves.
         clock = WallClock()
         shared: GroupStore
         if redis:
@@ -228,6 +229,7 @@ class CohortServer:
                 behind=store if store.survives_restart else None,
                 address=settings.store,
                 clock=clock,
+                lease_clock=LoopClock(),
             )
         return ReplicaRuntime(
             self.registry,

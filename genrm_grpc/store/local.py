@@ -17,7 +17,12 @@ What Redis does for the replicas, done here without a round trip:
   mailboxes) are heaps and insertion-ordered dicts: every call costs O(log n) or
   amortised O(1) in what is held, never a walk over it. A deadline is also a timer on
   the store's ``clock`` while a runtime watches (:meth:`LocalGroups.watch_due`): no
-  sweep polls for them. Leases count in the same clock.
+  sweep polls for them. A lease's validity counts in a clock of its own
+  (``lease_clock``): only this process reads it, so in service it is monotonic, and a
+  step of the wall clock (an NTP correction) cannot expire every lease at once and
+  have the sweep take over evaluations this process is still running. The evaluation
+  index, as Redis's, is filed in the store's clock and is only a hint that
+  :meth:`LocalGroups.claim` checks against the lease.
 - **Fan-out** is direct: a commit that ends a cohort (or grows one judged eagerly)
   schedules the other listeners' callbacks on the loop, after the commit returned, as
   a message on the Redis channel arrives after the script that published it.
@@ -131,16 +136,20 @@ class LocalGroups:
         behind: DurableStore | None = None,
         address: str = "memory://",
         clock: Clock | None = None,
+        lease_clock: Clock | None = None,
     ) -> None:
         """``behind``: the file every commit is written to before it counts, read back
         by :meth:`connect` (None: nothing outlives the process). ``clock``: the time
-        of its deadlines, leases and retention (wall-clock seconds by default; the
-        store it shares state with decides when ``shared_with`` is given)."""
+        of its deadlines and retention (wall-clock seconds by default: records carry
+        it into the file); ``lease_clock``: the time of its evaluation leases
+        (``clock`` when None). The store it shares state with decides both when
+        ``shared_with`` is given."""
         if shared_with is not None:
             self.state: Held = shared_with.state
         else:
-            self.state = Held(config, clock if clock is not None else WallClock())
+            self.state = Held(config, clock if clock is not None else WallClock(), lease_clock)
         self.clock = self.state.clock
+        self.lease_clock = self.state.lease_clock
         self.address = address
         self.lease_s = lease_s
         self.replica = replica or f"{os.getpid()}/{uuid.uuid4().hex[:8]}"
@@ -259,6 +268,8 @@ class LocalGroups:
         return self.state.deadlines.due(now, limit)
 
     async def orphaned(self, now: float, limit: int = 16) -> list[CohortKey]:
+        """Evaluations filed as due by ``now`` (the store's clock, as on Redis): a hint
+        that :meth:`claim` checks against the lease itself."""
         return self.state.evaluations.due(now, limit)
 
     async def forget(self, key: CohortKey) -> None:
@@ -271,8 +282,8 @@ class LocalGroups:
         return self.state.watch_deadlines(on_due)
 
     def lease_now(self) -> float:
-        """Now, in the time a lease's ``valid_until`` counts in (the store's clock)."""
-        return self.clock.now()
+        """Now, in the time a lease's ``valid_until`` counts in (the lease clock)."""
+        return self.lease_clock.now()
 
     async def active_keys(self) -> list[CohortKey]:
         """Every active cohort held (a drain that fails them all walks them once)."""
@@ -352,7 +363,7 @@ class LocalGroups:
                 held.mailbox(tomb, commit.now + MAILBOX_TTL_S)
         token = 0
         lease_of = commit.evaluate if commit.evaluate is not None else commit.collect
-        if lease_of is not None and not held.group(lease_of).lease_held(self.clock.now()):
+        if lease_of is not None and not held.group(lease_of).lease_held(self.lease_now()):
             token = self._take(lease_of).token
         if commit.evaluate is not None:
             held.evaluations.file(commit.evaluate, commit.now + self.lease_s)
@@ -374,23 +385,22 @@ class LocalGroups:
         held = group.lease if group is not None else None
         # By value (token and holder), as on Redis: a renewal changes only its expiry.
         return (
-            held is not None and held.valid_until > self.clock.now() and held.value == lease.value
+            held is not None and held.valid_until > self.lease_now() and held.value == lease.value
         )
 
     def lease_for(self, key: CohortKey, token: int, taken_at: float | None = None) -> Lease:
         """This process's lease ``token`` on ``key``'s evaluation, valid for ``lease_s``
-        from ``taken_at`` (the store's clock; now when None)."""
-        started = self.clock.now() if taken_at is None else taken_at
+        from ``taken_at`` (the lease clock; now when None)."""
+        started = self.lease_now() if taken_at is None else taken_at
         scope = group_of(key)
         return Lease(scope, self.replica, token, started + self.lease_s, key=scope)
 
     async def claim(self, key: CohortKey) -> Lease | None:
         """Take over an evaluation whose lease is gone; None when it is held."""
-        now = self.clock.now()
-        if self.state.group(key).lease_held(now):
+        if self.state.group(key).lease_held(self.lease_now()):
             return None
         lease = self._take(key)
-        self.state.evaluations.file(key, now + self.lease_s)
+        self.state.evaluations.file(key, self.clock.now() + self.lease_s)
         self.stats.takeovers += 1
         return lease
 
@@ -399,10 +409,9 @@ class LocalGroups:
         if not self.holds(lease):
             self.stats.leases_lost += 1
             return None
-        now = self.clock.now()
-        renewed = dataclasses.replace(lease, valid_until=now + self.lease_s)
+        renewed = dataclasses.replace(lease, valid_until=self.lease_now() + self.lease_s)
         self.state.group(key).lease = renewed
-        self.state.evaluations.refile(key, now + self.lease_s)
+        self.state.evaluations.refile(key, self.clock.now() + self.lease_s)
         self.stats.renewals += 1
         return renewed
 

@@ -62,7 +62,7 @@ class Group:
     active: int = 0  # active cohorts with a header
     tombstones: int = 0
     watermark: WatermarkRecord | None = None
-    #: The evaluation lease, held until its ``valid_until`` (the store's clock).
+    #: The evaluation lease, held until its ``valid_until`` (the store's lease clock).
     lease: Lease | None = None
     #: A commit being written to the file behind: reads wait for it.
     pending: asyncio.Future[None] | None = None
@@ -129,8 +129,12 @@ class Held:
     listener the key is due; the decision it asks for checks the deadline again.
     """
 
-    def __init__(self, config: StoreView, clock: Clock) -> None:
+    def __init__(self, config: StoreView, clock: Clock, lease_clock: Clock | None = None) -> None:
         self.clock = clock
+        #: What evaluation leases count in (``clock`` when None): only this process
+        #: reads them, so a monotonic clock, which a step of the wall clock cannot
+        #: expire, in service.
+        self.lease_clock = clock if lease_clock is None else lease_clock
         self.max_tombstones = config.max_terminal_cohorts
         self.groups: dict[GroupId, Group] = {}
         self.cohorts: dict[CohortKey, Active] = {}
@@ -169,7 +173,7 @@ class Held:
 
     def _forget_if_idle(self, gid: GroupId) -> None:
         group = self.groups.get(gid)
-        if group is not None and group.idle(self.clock.now()):
+        if group is not None and group.idle(self.lease_clock.now()):
             del self.groups[gid]
 
     # ------------------------------------------------------------------ deadlines

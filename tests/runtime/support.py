@@ -184,12 +184,14 @@ def make_runtime(
     position_debias: bool = False,
     max_queued_compare_passes: int = 4096,
     kind: RuntimeKind = "registry",
+    lease_clock: ManualClock | None = None,
     **scoring: Any,
 ) -> Runtime:
     """A runtime over one ``Settings``; ``scoring`` are further keys (scoring knobs).
 
     ``groups``: not opened yet (:func:`open_runtime` does, and :func:`close_runtime`
-    stops it); ``registry`` needs neither.
+    stops it); ``registry`` needs neither. ``lease_clock``: what the in-process store's
+    leases count in (``clock`` when None).
     """
     if kind == "groups":
         scoring = {"runtime": "groups", "replica_lease_s": LEASE_S, **scoring}
@@ -209,7 +211,9 @@ def make_runtime(
     registry = CohortRegistry(settings, MemoryStore(settings))
     if kind == "registry":
         return CohortRuntime(registry, judge, settings, clock=clock)
-    shared = LocalGroups(settings, lease_s=settings.replica_lease_s, clock=clock)
+    shared = LocalGroups(
+        settings, lease_s=settings.replica_lease_s, clock=clock, lease_clock=lease_clock
+    )
     # No batching window: a decision starts at the next loop turn, with whatever queued
     # by then (the window is loop time, which the tests do not wait for).
     return ReplicaRuntime(registry, judge, settings, shared=shared, clock=clock, batch_window_s=0.0)

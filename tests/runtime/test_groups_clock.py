@@ -1,5 +1,6 @@
 """Time in the groups runtime is its clock: deadlines are the in-process store's timers
-(no sweep polls for them), leases count in the same clock. A ManualClock drives it."""
+(no sweep polls for them); leases count in the store's lease clock (the same one unless
+a test gives another; the loop's monotonic clock in service). A ManualClock drives it."""
 
 from __future__ import annotations
 
@@ -27,7 +28,12 @@ from .support import (
 
 
 async def _groups(judge: ScriptedJudge, clock: ManualClock) -> ReplicaRuntime:
-    runtime = await open_runtime(make_runtime(judge, clock, kind="groups"))
+    return await _groups_opened(make_runtime(judge, clock, kind="groups"))
+
+
+async def _groups_opened(made: object) -> ReplicaRuntime:
+    assert isinstance(made, ReplicaRuntime)
+    runtime = await open_runtime(made)
     assert isinstance(runtime, ReplicaRuntime)
     return runtime
 
@@ -107,3 +113,37 @@ async def test_an_evaluation_lease_expires_on_the_stores_clock() -> None:
     assert not groups.holds(renewed) and await groups.renew(key, renewed) is None
     taken = await groups.claim(key)
     assert taken is not None and taken.token > lease.token
+
+
+async def test_a_step_of_the_wall_clock_does_not_take_over_a_running_evaluation() -> None:
+    """A lease counts in the lease clock (monotonic in service): the wall clock jumping
+    three leases ahead (an NTP step) fires the sweeps and the renewals, but leaves the
+    evaluation with the task running it. Each pair is judged once, and the rewards are
+    the judge's."""
+    clock, lease_clock = ManualClock(), ManualClock()
+    judge = ScriptedJudge()
+    made = make_runtime(
+        judge,
+        clock,
+        kind="groups",
+        lease_clock=lease_clock,
+        collection_s=1000,
+        evaluation_s=1000,
+        replica_lease_s=10,
+    )
+    rt = await _groups_opened(made)
+    try:
+        tickets = [await rt.submit(sub(i)) for i in range(3)]
+        await until(lambda: len(judge.calls) == 3)
+        await advance(clock, 30)  # one step, the lease clock standing
+        for _ in range(8):  # the sweeps and renewals after it
+            await advance(clock, 0.5)
+        assert rt.stats()["takeovers"] == 0 and rt.stats()["leases_lost"] == 0
+        judge.release_all()
+        assert tickets[0].waiter is not None
+        outcome = await tickets[0].waiter.wait()
+        assert not isinstance(outcome, Failed | Masked), outcome
+        assert len(judge.calls) == 3
+        await assert_no_leaks(rt, judge=judge)
+    finally:
+        await close_runtime(rt)
