@@ -137,6 +137,23 @@ class CohortKey:
     legacy_key: str | None
     attempt: int
     principal: str = ANONYMOUS
+    #: Worked out once per key (not part of its identity): a decision hashes and scopes
+    #: the same key a few dozen times, and a key is made once per call.
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+    _scope: str | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        fields = (self.group_id, self.legacy_key, self.attempt, self.principal)
+        object.__setattr__(self, "_hash", hash(fields))
+        if self.group_id is not None:
+            object.__setattr__(self, "_scope", group_scope(self.principal, self.group_id))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[CohortKey], tuple[str | None, str | None, int, str]]:
+        # Made again from its identity: a string's hash differs from process to process.
+        return (CohortKey, (self.group_id, self.legacy_key, self.attempt, self.principal))
 
     @property
     def explicit(self) -> bool:
@@ -145,9 +162,7 @@ class CohortKey:
     @property
     def group_scope(self) -> str | None:
         """The principal's group: what watermarks and supersession are keyed by."""
-        if self.group_id is None:
-            return None
-        return group_scope(self.principal, self.group_id)
+        return self._scope
 
     def __str__(self) -> str:
         owner = f"@{self.principal}" if self.principal else ""

@@ -198,8 +198,19 @@ class LocalGroups:
 
     def _read(self, key: CohortKey, group: Group | None) -> GroupState:
         state = self.state
-        now = self.clock.now()
         self.stats.loads += 1
+        if group is None:
+            # No group holds nothing: no cohort, tombstone or watermark (it is forgotten
+            # only once idle), so the read of a new group looks nothing up.
+            self.stats.active_seen = state.active_total
+            return GroupState(
+                key=key,
+                version="0",
+                recovered=_NOTHING,
+                active_total=state.active_total,
+                active_principal=state.active_by_principal.get(key.principal, 0),
+            )
+        now = self.clock.now()
         mark = state.unexpired_watermark(key.group_scope, now)
         keys = [key]
         if mark is not None and mark.attempt != key.attempt:
@@ -441,6 +452,9 @@ class LocalGroups:
             await stopping.wait()
         finally:
             self.state.listeners.remove(listener)
+
+
+_NOTHING = Recovered()
 
 
 def _version(group: Group | None) -> str:

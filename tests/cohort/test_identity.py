@@ -276,3 +276,23 @@ def test_a_number_that_overflows_to_infinity_is_invalid_like_nan() -> None:
         assert refused.reason is Reason.INVALID_MEMBER
     ok = candidate_spec(CandidateInput(responses_api_json='{"output": [], "x": 1e300}'))
     assert isinstance(ok, CandidateSpec)
+
+
+def test_a_keys_cached_hash_and_scope_follow_its_identity_only() -> None:
+    """CohortKey works its hash and group scope out once: equal keys hash alike, a key
+    made again (``replace``, ``pickle``: another process hashes strings differently)
+    works them out again, and neither is part of equality, order or repr."""
+    import dataclasses
+    import pickle
+
+    key = CohortKey("g", None, 2, "alice")
+    again = CohortKey("g", None, 2, "alice")
+    assert key == again and hash(key) == hash(again) and len({key, again}) == 1
+    assert hash(key) == hash(("g", None, 2, "alice"))
+    assert key.group_scope == again.group_scope == "5:aliceg"
+    moved = dataclasses.replace(key, attempt=3)
+    assert moved.attempt == 3 and hash(moved) == hash(("g", None, 3, "alice"))
+    assert pickle.loads(pickle.dumps(key)) == key
+    assert CohortKey(None, "k", 1).group_scope is None
+    assert CohortKey("a", None, 1) < CohortKey("b", None, 0)
+    assert repr(key) == "CohortKey(group_id='g', legacy_key=None, attempt=2, principal='alice')"

@@ -229,7 +229,8 @@ def test_keys_and_coordinates_encode_every_field_and_decode_to_the_same_value() 
 
     key = CohortKey("g", "legacy", 3, "alice")
     assert decode_key(encode_key(key)) == key
-    assert len(json.loads(encode_key(key))) == len(dataclasses.fields(CohortKey))
+    identity = [f for f in dataclasses.fields(CohortKey) if f.init]  # not its cached hash
+    assert len(json.loads(encode_key(key))) == len(identity)
     coords = MemberCoords(2, "g", 3, 7, "p", 16)
     assert decode_coords(encode_coords(coords)) == coords
     assert len(json.loads(encode_coords(coords))) == len(dataclasses.fields(MemberCoords))
