@@ -111,8 +111,13 @@ def final_records(
     return records
 
 
-def end_state(records: Sequence[Record]) -> list[Record]:
-    """``records`` as a store needs them: their end state, in order.
+#: What a registry that defers its records writes: a cohort stands for its header,
+#: which :func:`end_state` makes.
+Deferred = Record | Cohort
+
+
+def end_state(entries: Sequence[Deferred], offset: float = 0.0) -> list[Record]:
+    """``entries`` as a store needs them: their end state, in order.
 
     A store applies records in order and keeps only their result, so what a later
     record of the same batch undoes is not written: a header replaces an earlier one of
@@ -121,23 +126,30 @@ def end_state(records: Sequence[Record]) -> list[Record]:
     decision writes no header or member), and one watermark per group stays, at the
     highest attempt any of them named. A drop itself always stays: the store may hold
     the cohort from an earlier batch.
+
+    A ``Cohort`` among ``entries`` stands for its header, made here (``offset`` as in
+    :func:`cohort_record`) from the cohort as it is now: a registry that defers its
+    records (``CohortRegistry.defer_records``) never makes a header a later entry of
+    the batch undoes.
     """
-    out: list[Record | None] = []
+    if len(entries) == 1 and not isinstance(entries[0], Cohort):
+        return [entries[0]]
+    out: list[Deferred | None] = []
     bodies: dict[CohortKey, list[int]] = {}
     headers: dict[CohortKey, int] = {}
     marks: dict[str, int] = {}
-    for record in records:
+    for record in entries:
         kind = type(record)  # the record types are final: no subclass to miss
         if kind is MemberRecord:
             bodies.setdefault(record.key, []).append(len(out))  # type: ignore[union-attr]
-        elif kind is CohortRecord:
-            assert isinstance(record, CohortRecord)
-            at = headers.get(record.key)
+        elif kind is CohortRecord or kind is Cohort:
+            key = record.key  # type: ignore[union-attr]
+            at = headers.get(key)
             if at is not None:
                 out[at] = record
                 continue
-            headers[record.key] = len(out)
-            bodies.setdefault(record.key, []).append(len(out))
+            headers[key] = len(out)
+            bodies.setdefault(key, []).append(len(out))
         elif kind is DropCohort:
             assert isinstance(record, DropCohort)
             for at in bodies.pop(record.key, ()):
@@ -153,4 +165,8 @@ def end_state(records: Sequence[Record]) -> list[Record]:
                     record = WatermarkRecord(record.scope, earlier.attempt, record.expires_at)
             marks[record.scope] = len(out)
         out.append(record)
-    return [record for record in out if record is not None]
+    return [
+        cohort_record(entry, offset) if isinstance(entry, Cohort) else entry
+        for entry in out
+        if entry is not None
+    ]

@@ -13,8 +13,8 @@ The rules are here; what a decision is, every refusal's wording and the outcomes
 cohort that ends without rewards are in ``cohort/decisions.py`` (``Disposition``,
 ``SubmitDecision``, ``Ended``, ``failure_rejection`` and ``legacy_outcome`` re-exported
 here); the active cohorts' indexes in ``cohort/active.py``; which records a cohort
-becomes, and the cohort rebuilt from them, in ``cohort/recording.py``. What is left, a
-little over 500 lines, stays one module on purpose: every event below reads and changes
+becomes, and the cohort rebuilt from them, in ``cohort/recording.py``. What is left,
+about 560 lines, stays one module on purpose: every event below reads and changes
 the same state (the active cohorts, the outbox of records, the retained store), and
 together they are the one status table; cut further, a rule would be read across two
 files.
@@ -64,8 +64,10 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.phases import Event, allows, transition
 from genrm_grpc.cohort.recording import (
+    Deferred,
     active_records,
     cohort_record,
+    end_state,
     final_records,
     member_record,
     restored_cohort,
@@ -150,7 +152,12 @@ class CohortRegistry:
         #: A store that keeps nothing across a restart needs only what ends a cohort
         #: (its tombstone and the drops): the runtime sets this from the store.
         self.journal_active = True
-        self._outbox: list[Record] = []
+        #: Keep every record in the outbox until :meth:`take_records`, as the end state
+        #: of them all (``recording.end_state``), each decision's ``records`` empty: a
+        #: one-group registry's round is committed at once, and a header that a later
+        #: decision of the round undoes (a cohort created and ended) is never made.
+        self.defer_records = False
+        self._outbox: list[Deferred] = []
         store.on_evict = _evictions_of(self)
 
     # ------------------------------------------------------------------ queries
@@ -396,7 +403,7 @@ class CohortRegistry:
         )
         self._active.add(cohort)
         if self.journal_active:
-            self._outbox.append(cohort_record(cohort, self.wall_offset))
+            self._header(cohort)
         return self._accept(cohort, sub, now)
 
     def _accept(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
@@ -412,7 +419,7 @@ class CohortRegistry:
             fill(cohort, now + self.config.cohort_evaluation_timeout_s)
             self._active.froze()
             if journal:
-                self._outbox.append(cohort_record(cohort, self.wall_offset))
+                self._header(cohort)
             frozen = True
         return SubmitDecision(Disposition.ACCEPTED, cohort=cohort, frozen=frozen)
 
@@ -432,9 +439,25 @@ class CohortRegistry:
         failed write, when a member is resent)."""
         return active_records(cohort, self.wall_offset)
 
+    def _header(self, cohort: Cohort) -> None:
+        """Write the cohort's header as it is now (deferred: as it is when taken)."""
+        if self.defer_records:
+            self._outbox.append(cohort)
+        else:
+            self._outbox.append(cohort_record(cohort, self.wall_offset))
+
     def _take(self) -> list[Record]:
+        if self.defer_records:
+            return []
         records, self._outbox = self._outbox, []
-        return records
+        return records  # type: ignore[return-value]  # no header is deferred
+
+    def take_records(self) -> list[Record]:
+        """Every record since the last take, as their end state (``defer_records``)."""
+        entries, self._outbox = self._outbox, []
+        if not entries:
+            return []
+        return end_state(entries, self.wall_offset)
 
     def _ended(self, cohort: Cohort) -> Ended:
         return Ended([cohort], self._take())

@@ -98,9 +98,11 @@ def decide_ops(
                 _settle(done, registry, now, settle)
         else:
             done.ended.extend(decision)
-    if len(done.records) > 2:
+    if registry.defer_records:
         # What the store needs of the round: a cohort created and filled has one header,
         # one created and ended (a 1-member group, scored) none (``end_state``).
+        done.records = registry.take_records()
+    elif len(done.records) > 2:
         done.records = end_state(done.records)
     return done
 

@@ -121,8 +121,11 @@ class GroupDecisions:
         return len(self._queues), len(self._states)
 
     def group_registry(self) -> CohortRegistry:
-        """An empty registry, to hold one group restored from Redis."""
-        return CohortRegistry(self.config, MemoryStore(self.config))
+        """An empty registry, to hold one group restored from its store; a round takes
+        its records at once (``defer_records``)."""
+        registry = CohortRegistry(self.config, MemoryStore(self.config))
+        registry.defer_records = True
+        return registry
 
     def scratch(self, state: GroupState) -> tuple[CohortRegistry, float]:
         """A registry holding only ``state``'s group, and the clock's ``now``."""

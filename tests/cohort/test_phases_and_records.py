@@ -125,6 +125,42 @@ def test_a_key_dropped_then_opened_again_in_one_batch_keeps_its_new_header() -> 
     assert not [r for r in kept if isinstance(r, MemberRecord)]
 
 
+def _round(deferred: bool) -> tuple[list[object], list[object]]:
+    """One round of events in a one-group registry: each decision's records, and what
+    the round writes (deferred: taken at its end; else the end state of them all)."""
+    reg, _ = registry()
+    reg.wall_offset = WALL - T0
+    reg.defer_records = deferred
+    decisions = [reg.submit(sub(0, gid="a", size=1), T0)]
+    cohort = decisions[0].cohort
+    assert cohort is not None
+    decisions.append(reg.evaluation_finished(cohort, completed(1), T0 + 1))  # type: ignore[arg-type]
+    decisions += [reg.submit(sub(i, gid="b", size=2), T0 + 2 + i) for i in range(2)]
+    decisions.append(reg.submit(sub(0, gid="c", size=3), T0 + 5))
+    each = [list(d.records) for d in decisions]
+    written = reg.take_records() if deferred else end_state([r for rs in each for r in rs])
+    return each, written  # type: ignore[return-value]
+
+
+def test_a_registry_that_defers_its_records_writes_the_end_state_of_its_round() -> None:
+    """A one-group registry (the groups runtime's) takes a round's records at once: the
+    same records as the end state of the same decisions made one by one, each decision
+    carrying none, and a header made once, as its cohort is at the end of the round."""
+    each, deferred = _round(True)
+    _, eager = _round(False)
+    assert deferred == eager
+    assert all(records == [] for records in each)
+    headers = [r for r in deferred if isinstance(r, CohortRecord)]
+    assert [(h.key.group_id, h.phase) for h in headers] == [
+        ("b", Phase.EVALUATING),
+        ("c", Phase.COLLECTING),
+    ]
+    assert not [r for r in deferred if isinstance(r, MemberRecord) and r.key.group_id == "a"]
+    reg, _ = registry()
+    reg.defer_records = True
+    assert reg.take_records() == []
+
+
 def test_the_end_state_keeps_one_watermark_per_group_at_the_highest_attempt() -> None:
     reg, _ = registry()
     reg.submit(sub(0, attempt=1), T0)
