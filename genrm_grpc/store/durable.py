@@ -25,6 +25,7 @@ from genrm_grpc.cohort.records import (
     TombstoneRecord,
     VerdictRecord,
 )
+from genrm_grpc.store.records import StoreError
 from genrm_grpc.store.sqlite import SqliteStore
 
 
@@ -97,6 +98,68 @@ class MemoryDurable:
 
     async def close(self) -> None:
         return None
+
+
+class TurnBatched:
+    """``store`` with every write begun in one turn of the event loop sent as one batch.
+
+    The single process's group store commits each decision on its own (a 1-member group
+    is one commit per member); this gives the writer thread one batch, one future and
+    one wake-up per loop turn instead, as the registry runtime's write queue does. The
+    writes of one turn succeed or fail together. :meth:`close` sends what is queued
+    first.
+    """
+
+    def __init__(self, store: DurableStore) -> None:
+        self.store = store
+        self.survives_restart = store.survives_restart
+        self._records: list[Record] = []
+        self._write: asyncio.Future[None] | None = None
+
+    async def open(self, now_wall: float) -> Recovered:
+        return await self.store.open(now_wall)
+
+    def persist(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        write = self._write
+        if write is None:
+            loop = asyncio.get_running_loop()
+            write = self._write = loop.create_future()
+            loop.call_soon(self._send)
+        self._records.extend(records)
+        return write
+
+    def _send(self) -> None:
+        records, self._records = self._records, []
+        write, self._write = self._write, None
+        if write is None:
+            return  # sent already (a close)
+        try:
+            stored = self.store.persist(records)
+        except Exception as exc:  # a store that raises instead of failing its future
+            write.set_exception(StoreError(f"the write failed: {exc}"))
+            write.exception()
+            return
+        stored.add_done_callback(lambda done: _copy(done, write))
+
+    async def find_verdict(
+        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
+    ) -> VerdictRecord | None:
+        return await self.store.find_verdict(scope, context, first, second, judge_index, swap)
+
+    async def close(self) -> None:
+        self._send()
+        await self.store.close()
+
+
+def _copy(source: asyncio.Future[None], target: asyncio.Future[None]) -> None:
+    if target.done():
+        return
+    error = StoreError("the write was cancelled") if source.cancelled() else source.exception()
+    if error is None:
+        target.set_result(None)
+    else:
+        target.set_exception(error)
+        target.exception()  # every writer that waits has its callback: no warning
 
 
 def validate_store_url(url: str) -> str:

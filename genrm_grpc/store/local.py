@@ -26,12 +26,15 @@ What Redis does for the replicas, done here without a round trip:
 - **Fan-out** is direct: a commit that ends a cohort (or grows one judged eagerly)
   schedules the other listeners' callbacks on the loop, after the commit returned, as
   a message on the Redis channel arrives after the script that published it.
-- **The journal** (``store``) keeps the passes in an in-process index, lease-fenced.
+- **The journal** (``store``, ``store/local_journal.py``) keeps the passes in an
+  in-process index, lease-fenced.
 - **Behind it**, a SQLite file (``behind``) or nothing (``memory://``). With a file,
   every commit is written there before it counts: until then nothing of it is held,
   answered or published, and the group's reads wait; a failed write fails the decision
   (``STORE_UNAVAILABLE``) and leaves the group as it was; a write once begun completes
-  by callback, whoever stopped waiting. Retention's drops are written like any record.
+  by callback, whoever stopped waiting. The commits and passes begun in one loop turn
+  go to the file as one batch (``durable.TurnBatched``): they succeed or fail together.
+  Retention's drops are written like any record.
   At start (:meth:`LocalGroups.connect`) the file's active cohorts, tombstones,
   watermarks and passes are held again; an evaluating cohort is due at once.
 
@@ -57,70 +60,13 @@ from genrm_grpc.cohort.records import (
     VerdictRecord,
 )
 from genrm_grpc.store.clock import WallClock
-from genrm_grpc.store.durable import DurableStore
+from genrm_grpc.store.durable import DurableStore, TurnBatched
 from genrm_grpc.store.group_state import MAILBOX_TTL_S, Committed, GroupState, SharedStats
-from genrm_grpc.store.lease import Lease, LeaseLostError
+from genrm_grpc.store.lease import Lease
+from genrm_grpc.store.local_journal import LocalJournal
 from genrm_grpc.store.local_state import Group, Held, group_of
 from genrm_grpc.store.memory import StoreView
 from genrm_grpc.store.records import StoreError
-
-
-class LocalJournal:
-    """Where evaluations journal their passes, fenced by their lease (module doc)."""
-
-    def __init__(self, groups: LocalGroups, behind: DurableStore | None) -> None:
-        self._groups = groups
-        self._behind = behind
-        #: With nothing behind, nothing outlives the process (a drain fails the cohorts).
-        self.survives_restart = behind is not None and behind.survives_restart
-
-    @property
-    def write_failures(self) -> int:
-        return 0  # a failed write to the file behind is counted in its groups' stats
-
-    async def start(self) -> None:
-        return None  # the file behind is opened, and read back, by LocalGroups.connect
-
-    async def close(self) -> None:
-        if self._behind is not None:
-            await self._behind.close()
-
-    def persist(
-        self, records: Sequence[Record], *, lease: Lease | None = None
-    ) -> asyncio.Future[None]:
-        """Journal ``records`` (passes) while ``lease`` is current: written to the file
-        behind first, held once written; the future resolves then."""
-        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        held = self._groups.state
-        if lease is not None and not self._groups.holds(lease):
-            written.set_exception(
-                LeaseLostError(
-                    f"the lease {lease.token} of a group is no longer current: nothing written"
-                )
-            )
-        elif self._behind is None:
-            held.apply(records)
-            written.set_result(None)
-        else:
-
-            def done(write: asyncio.Future[None]) -> None:
-                error = write.exception() if not write.cancelled() else StoreError("cancelled")
-                if error is not None:
-                    self._groups.stats.failures += 1
-                    written.set_exception(error)
-                    return
-                held.apply(records)
-                written.set_result(None)
-
-            self._behind.persist(records).add_done_callback(done)
-        return written
-
-    async def find_verdict(
-        self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
-    ) -> VerdictRecord | None:
-        if self._behind is not None:  # it keeps every attempt's verdicts; memory not all
-            return await self._behind.find_verdict(scope, context, first, second, judge_index, swap)
-        return self._groups.state.journal.reusable(scope, context, first, second, judge_index, swap)
 
 
 class LocalGroups:
@@ -156,7 +102,9 @@ class LocalGroups:
         self.stats = SharedStats()
         #: The file behind (None: nothing); what a test or an operator inspects.
         self.behind = behind
-        self.store = LocalJournal(self, behind)
+        #: Where commits and passes are written: the file, one batch per loop turn.
+        self._file = TurnBatched(behind) if behind is not None else None
+        self.store = LocalJournal(self, self._file)
         #: Cohorts of one process's store: a drain keeps them for the next process.
         self.shared_by_replicas = False
 
@@ -359,9 +307,9 @@ class LocalGroups:
         records = [*records, *held.retention(records, now)]
         group.version = next(held.versions)
         done = _Commit(self, group, key, records, ended, evaluate, collect, grown, now)
-        if self.behind is None or not records:
+        if self._file is None or not records:
             return done.held()
-        return done.write(self.behind)
+        return done.write(self._file)
 
     def _held(self, commit: _Commit) -> Committed:
         """Hold a commit's records (written to the file behind, where there is one)."""

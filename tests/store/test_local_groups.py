@@ -202,3 +202,32 @@ async def test_a_group_a_written_commit_leaves_idle_is_forgotten(tmp_path: Path)
     assert (await groups.commit(state, [DropWatermark(scope)])).written
     assert scope not in groups.state.groups
     await groups.store.close()
+
+
+async def test_commits_begun_in_one_loop_turn_reach_the_file_as_one_batch(tmp_path: Path) -> None:
+    """Three groups' commits begun in one turn: one batch for the writer thread, each
+    commit written and held; a commit begun just before the store closes is written
+    too (the close sends what is queued first) and read back by the next process."""
+    path = tmp_path / "state.sqlite3"
+    groups = await _opened(path)
+    assert isinstance(groups.behind, SqliteStore)
+    before = groups.behind.stats.batches
+    begun = []
+    for gid in ("x", "y", "z"):
+        state = await groups.load(sub(0, gid=gid).key)
+        registry, now = _decide(state)
+        begun.append(groups.begin_commit(state, registry.submit(sub(0, gid=gid), now).records))
+    assert all(isinstance(b, asyncio.Future) for b in begun)  # nothing held before the file
+    written = await asyncio.wait_for(asyncio.gather(*begun), 10)  # type: ignore[arg-type]
+    assert all(w.written for w in written)
+    assert groups.behind.stats.batches == before + 1
+    assert (await groups.census(time.time()))[0] == 3
+
+    state = await groups.load(sub(0, gid="last").key)
+    registry, now = _decide(state)
+    last = groups.begin_commit(state, registry.submit(sub(0, gid="last"), now).records)
+    await groups.store.close()
+    assert isinstance(last, asyncio.Future) and last.result().written
+    again = await _opened(path)
+    assert (await again.census(time.time()))[0] == 4
+    await again.store.close()
