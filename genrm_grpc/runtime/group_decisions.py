@@ -255,17 +255,13 @@ class GroupDecisions:
             return False
         cached = self._states.pop(key, None)
         if cached is not None:
-            state, registry = cached
-            now = self._clock.now()
-            if self._draining():
-                registry.start_draining()
+            state, registry, now = self._cached(*cached)
         else:
             loaded = instant.load_now(key)
             if loaded is None:
                 return False
             state = loaded
             registry, now = self.scratch(state)
-        state = state.knowing(frozenset(c.key for c in registry.active_cohorts()))
         done = self._round(key, [op], state, registry, now, cached is not None)
         if not done.decided.records:
             if done.cached and instant.version_now(key) != state.version:
@@ -327,15 +323,21 @@ class GroupDecisions:
         group since, the version check refuses the commit and the group is read)."""
         cached = self._states.pop(key, None)
         if cached is not None:
-            state, registry = cached
-            now = self._clock.now()
-            if self._draining():
-                registry.start_draining()
+            state, registry, now = self._cached(*cached)
         else:
             state = await self.shared.load(key)
             registry, now = self.scratch(state)
-        state = state.knowing(frozenset(c.key for c in registry.active_cohorts()))
         return state, registry, now, cached is not None
+
+    def _cached(
+        self, state: GroupState, registry: CohortRegistry
+    ) -> tuple[GroupState, CohortRegistry, float]:
+        """The state of this replica's own last commit, to decide on again: its active
+        cohorts are the registry's (a read's are those it holds)."""
+        if self._draining():
+            registry.start_draining()
+        state = state.knowing(frozenset(c.key for c in registry.active_cohorts()))
+        return state, registry, self._clock.now()
 
     def _keep_state(
         self, key: CohortKey, state: GroupState, registry: CohortRegistry, done: Decided
