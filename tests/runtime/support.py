@@ -40,6 +40,7 @@ from genrm_grpc.runtime.engine import CohortRuntime
 from genrm_grpc.runtime.live import JudgeSchedule, Ticket
 from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring.types import Verdict
+from genrm_grpc.store.durable import DurableStore
 from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.testing import ManualClock
@@ -185,13 +186,15 @@ def make_runtime(
     max_queued_compare_passes: int = 4096,
     kind: RuntimeKind = "registry",
     lease_clock: ManualClock | None = None,
+    behind: DurableStore | None = None,
     **scoring: Any,
 ) -> Runtime:
     """A runtime over one ``Settings``; ``scoring`` are further keys (scoring knobs).
 
     ``groups``: not opened yet (:func:`open_runtime` does, and :func:`close_runtime`
     stops it); ``registry`` needs neither. ``lease_clock``: what the in-process store's
-    leases count in (``clock`` when None).
+    leases count in (``clock`` when None); ``behind``: the groups runtime's file (None:
+    nothing behind its in-process store).
     """
     if kind == "groups":
         scoring = {"runtime": "groups", "replica_lease_s": LEASE_S, **scoring}
@@ -212,7 +215,11 @@ def make_runtime(
     if kind == "registry":
         return CohortRuntime(registry, judge, settings, clock=clock)
     shared = LocalGroups(
-        settings, lease_s=settings.replica_lease_s, clock=clock, lease_clock=lease_clock
+        settings,
+        lease_s=settings.replica_lease_s,
+        behind=behind,
+        clock=clock,
+        lease_clock=lease_clock,
     )
     # No batching window: a decision starts at the next loop turn, with whatever queued
     # by then (the window is loop time, which the tests do not wait for).

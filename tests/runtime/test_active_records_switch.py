@@ -25,16 +25,14 @@ from genrm_grpc.cohort.records import (
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.runtime.engine import CohortRuntime
-from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.store.durable import MemoryDurable
-from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import ManualClock
 from tests.cohort.support import T0, completed, registry
 from tests.cohort.support import sub as member
 
-from .support import RUNTIME_KINDS, Runtime, RuntimeKind, ScriptedJudge
+from .support import RUNTIME_KINDS, Runtime, RuntimeKind, ScriptedJudge, make_runtime
 
 
 def _one_group(reg: CohortRegistry) -> list[Record]:
@@ -83,15 +81,7 @@ def _over_file(path: Path, kind: RuntimeKind) -> Runtime:
     """A runtime of ``kind`` over the SQLite file at ``path`` (not opened yet)."""
     if kind == "registry":
         return _runtime(SqliteStore(path))
-    settings = Settings(default_principle="", runtime="groups")
-    clock = ManualClock()
-    shared = LocalGroups(
-        settings, lease_s=settings.replica_lease_s, behind=SqliteStore(path), clock=clock
-    )
-    reg = CohortRegistry(settings, MemoryStore(settings))
-    return ReplicaRuntime(
-        reg, ScriptedJudge(), settings, shared=shared, clock=clock, batch_window_s=0.0
-    )
+    return make_runtime(ScriptedJudge(), ManualClock(), kind="groups", behind=SqliteStore(path))
 
 
 async def _stop(runtime: Runtime) -> None:

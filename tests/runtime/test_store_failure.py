@@ -23,11 +23,8 @@ from genrm_grpc.cohort.records import (
     WatermarkRecord,
 )
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition
-from genrm_grpc.config import Settings
 from genrm_grpc.runtime.engine import CohortRuntime
 from genrm_grpc.runtime.live import REWRITE_DELAY_S, CallInterrupted, Ticket
-from genrm_grpc.runtime.replica import ReplicaRuntime
-from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.records import StoreError
 from genrm_grpc.testing import ManualClock
@@ -291,19 +288,8 @@ async def test_a_completing_member_whose_write_fails_is_written_again_before_jud
 
 
 async def groups_over(store: FlakyStore, judge: ScriptedJudge, clock: ManualClock) -> Runtime:
-    settings = make_runtime(judge, clock, kind="groups").config
-    assert isinstance(settings, Settings)
-    shared = LocalGroups(
-        settings,
-        lease_s=settings.replica_lease_s,
-        behind=store,
-        clock=clock,  # type: ignore[arg-type]
-    )
-    registry = CohortRegistry(settings, MemoryStore(settings))
-    runtime = ReplicaRuntime(
-        registry, judge, settings, shared=shared, clock=clock, batch_window_s=0.0
-    )
-    return await open_runtime(runtime)
+    made = make_runtime(judge, clock, kind="groups", behind=store)
+    return await open_runtime(made)
 
 
 async def test_groups_an_outcome_whose_commit_fails_is_committed_again_every_delay(
