@@ -41,7 +41,6 @@ from genrm_grpc.runtime.live import (
     ProgressCallback,
     RuntimeView,
     Ticket,
-    copy_result,
     deliver,
     interrupt,
     log_outcome,
@@ -49,7 +48,7 @@ from genrm_grpc.runtime.live import (
 )
 from genrm_grpc.runtime.writes import WriteQueue
 from genrm_grpc.store.durable import DurableStore, MemoryDurable
-from genrm_grpc.store.records import StoreError
+from genrm_grpc.store.records import StoreError, copy_result
 
 log = logging.getLogger(__name__)
 

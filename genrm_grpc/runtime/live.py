@@ -302,17 +302,6 @@ def interrupt(waiters: list[Waiter], error: CallInterrupted) -> None:
             waiter.future.exception()  # retrieved: a caller that left logs nothing
 
 
-def copy_result(source: asyncio.Future[None], target: asyncio.Future[None]) -> None:
-    if target.done():
-        return
-    if source.cancelled():
-        target.set_exception(StoreError("the store write was cancelled"))
-    elif (error := source.exception()) is not None:
-        target.set_exception(error)
-    else:
-        target.set_result(None)
-
-
 def retrieve_exception(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()

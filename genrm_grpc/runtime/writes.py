@@ -8,9 +8,8 @@ import logging
 from collections.abc import Callable
 
 from genrm_grpc.cohort.records import Record
-from genrm_grpc.runtime.live import copy_result
 from genrm_grpc.store.durable import DurableStore
-from genrm_grpc.store.records import StoreError
+from genrm_grpc.store.records import StoreError, copy_result
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from genrm_grpc.cohort.records import (
     TombstoneRecord,
     VerdictRecord,
 )
-from genrm_grpc.store.records import StoreError
+from genrm_grpc.store.records import StoreError, copy_result
 from genrm_grpc.store.sqlite import SqliteStore
 
 
@@ -139,7 +139,7 @@ class TurnBatched:
             write.set_exception(StoreError(f"the write failed: {exc}"))
             write.exception()
             return
-        stored.add_done_callback(lambda done: _copy(done, write))
+        stored.add_done_callback(lambda done: copy_result(done, write))
 
     async def find_verdict(
         self, scope: str, context: str, first: str, second: str, judge_index: int, swap: bool
@@ -149,17 +149,6 @@ class TurnBatched:
     async def close(self) -> None:
         self._send()
         await self.store.close()
-
-
-def _copy(source: asyncio.Future[None], target: asyncio.Future[None]) -> None:
-    if target.done():
-        return
-    error = StoreError("the write was cancelled") if source.cancelled() else source.exception()
-    if error is None:
-        target.set_result(None)
-    else:
-        target.set_exception(error)
-        target.exception()  # every writer that waits has its callback: no warning
 
 
 def validate_store_url(url: str) -> str:

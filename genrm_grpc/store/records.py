@@ -11,6 +11,7 @@ added to the key (a principal, say) is persisted without a schema change.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from genrm_grpc.cohort.model import (
@@ -32,6 +33,18 @@ def keep_recent(samples: list[float], value: float) -> None:
 
 class StoreError(Exception):
     """A store could not read or write: the affected calls fail, nothing is published."""
+
+
+def copy_result(source: asyncio.Future[None], target: asyncio.Future[None]) -> None:
+    """Resolve ``target`` as the write ``source`` ended (a cancelled write fails it)."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.set_exception(StoreError("the store write was cancelled"))
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(None)
 
 
 class StoreSchemaError(StoreError):
