@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from genrm_grpc.cohort.events import Decision, GroupEvent, NotActive, apply
 from genrm_grpc.cohort.model import Cohort, CohortKey, Tombstone
-from genrm_grpc.cohort.recording import end_state
 from genrm_grpc.cohort.records import Record, TombstoneRecord
 from genrm_grpc.cohort.registry import CohortRegistry, Disposition, Ended, SubmitDecision
 from genrm_grpc.store.records import StoreError
@@ -79,6 +78,8 @@ def decide_ops(
     now: float,
     settle: Settle | None = None,
 ) -> Decided:
+    # The round's records are taken once, at its end (a registry that defers them).
+    assert registry.defer_records, "decide_ops needs GroupDecisions.group_registry()"
     done = Decided()
     for op in ops:
         try:
@@ -90,7 +91,6 @@ def decide_ops(
         done.decisions.append(decision)
         if decision is None or isinstance(decision, NotActive):
             continue
-        done.records.extend(decision.records)
         if isinstance(decision, SubmitDecision):
             done.ended.extend(decision.ended)
             if decision.frozen:
@@ -98,12 +98,9 @@ def decide_ops(
                 _settle(done, registry, now, settle)
         else:
             done.ended.extend(decision)
-    if registry.defer_records:
-        # What the store needs of the round: a cohort created and filled has one header,
-        # one created and ended (a 1-member group, scored) none (``end_state``).
-        done.records = registry.take_records()
-    elif len(done.records) > 2:
-        done.records = end_state(done.records)
+    # What the store needs of the round: a cohort created and filled has one header,
+    # one created and ended (a 1-member group, scored) none (``end_state``).
+    done.records = registry.take_records()
     return done
 
 
@@ -115,7 +112,6 @@ def _settle(done: Decided, registry: CohortRegistry, now: float, settle: Settle 
         return
     ended = apply(registry, event, now)
     if isinstance(ended, Ended) and ended:
-        done.records.extend(ended.records)
         done.ended.extend(ended)
         done.frozen = None
 

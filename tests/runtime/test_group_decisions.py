@@ -194,6 +194,7 @@ async def test_a_round_that_freezes_and_settles_a_cohort_commits_no_header_or_me
     registry): its store is given the end state, a drop and a tombstone, never a header
     or member it would write only to delete."""
     registry = CohortRegistry(SETTINGS, MemoryStore(SETTINGS))
+    registry.defer_records = True  # as GroupDecisions.group_registry() makes it
     alone = sub(0, gid="solo", size=1)
     op = Op(MemberArrived(alone), asyncio.get_running_loop().create_future())
     done = decide_ops(
