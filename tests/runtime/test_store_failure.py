@@ -292,6 +292,20 @@ async def groups_over(store: FlakyStore, judge: ScriptedJudge, clock: ManualCloc
     return await open_runtime(made)
 
 
+async def _judged_with_every_member_written(
+    judge: ScriptedJudge, store: FlakyStore, calls: list[asyncio.Future[object]]
+) -> None:
+    """The group's three pairs are judged, every call gets its reward, and the file
+    holds each of the three members."""
+    await until(lambda: len(judge.calls) == 3)
+    judge.release_all()
+    await settle()
+    for call in calls:
+        assert call.done() and isinstance(call.result(), Completed), call.result()
+    slots = [r.coords.rollout_index for r in store.written if isinstance(r, MemberRecord)]
+    assert sorted(set(slots)) == [0, 1, 2]
+
+
 async def test_groups_an_outcome_whose_commit_fails_is_committed_again_every_delay(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
@@ -341,13 +355,7 @@ async def test_groups_a_member_whose_commit_fails_gets_store_unavailable_and_a_r
     assert not first.done()  # the other member's call goes on
     again = asyncio.ensure_future(answer(await rt.submit(sub(1))))
     last = asyncio.ensure_future(answer(await rt.submit(sub(2))))
-    await until(lambda: len(judge.calls) == 3)
-    judge.release_all()
-    await settle()
-    for call in (first, again, last):
-        assert call.done() and isinstance(call.result(), Completed), call.result()
-    slots = [r.coords.rollout_index for r in store.written if isinstance(r, MemberRecord)]
-    assert sorted(set(slots)) == [0, 1, 2]
+    await _judged_with_every_member_written(judge, store, [first, again, last])
     await close_runtime(rt)
 
 
@@ -391,13 +399,7 @@ async def test_groups_a_completing_member_whose_commit_fails_leaves_the_group_co
     assert await phase_of(rt, sub(0).key) is Phase.COLLECTING
     assert not any(call.done() for call in first)
     last = asyncio.ensure_future(answer(await rt.submit(sub(2))))  # the resend
-    await until(lambda: len(judge.calls) == 3)
-    judge.release_all()
-    await settle()
-    for call in [*first, last]:
-        assert call.done() and isinstance(call.result(), Completed), call.result()
-    slots = [r.coords.rollout_index for r in store.written if isinstance(r, MemberRecord)]
-    assert sorted(set(slots)) == [0, 1, 2]
+    await _judged_with_every_member_written(judge, store, [*first, last])
     await close_runtime(rt)
 
 

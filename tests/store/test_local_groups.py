@@ -40,7 +40,8 @@ async def _opened(path: Path) -> LocalGroups:
     return groups
 
 
-async def _open_then_fail(groups: LocalGroups, gid: str) -> None:
+async def _end_one(groups: LocalGroups, gid: str) -> Tombstone:
+    """Open a cohort through ``groups`` and fail it, telling the commit what ended."""
     key = sub(0, gid=gid).key
     state = await groups.load(key)
     registry, now = _decide(state)
@@ -51,7 +52,9 @@ async def _open_then_fail(groups: LocalGroups, gid: str) -> None:
     assert cohort is not None
     ended = registry.fail(cohort, "stopped by a test", now)
     assert ended
-    assert (await groups.commit(state, ended.records)).written
+    [tomb] = [r.tombstone for r in ended.records if isinstance(r, TombstoneRecord)]
+    assert (await groups.commit(state, ended.records, ended=[tomb])).written
+    return tomb
 
 
 async def test_what_retention_drops_past_its_bound_is_dropped_from_the_file_too(
@@ -59,14 +62,14 @@ async def test_what_retention_drops_past_its_bound_is_dropped_from_the_file_too(
 ) -> None:
     path = tmp_path / "state.sqlite3"
     groups = await _opened(path)
-    await _open_then_fail(groups, "kept-open")
+    await _end_one(groups, "kept-open")
     key = sub(0, gid="kept-open").key
     state = await groups.load(key)
     registry, now = _decide(state)
     # One cohort stays active, three end: max_terminal_cohorts=2 keeps the newest two.
     assert (await groups.commit(state, registry.submit(sub(0, gid="open"), now).records)).written
     for gid in ("a", "b", "c"):
-        await _open_then_fail(groups, gid)
+        await _end_one(groups, gid)
     assert (await groups.census(time.time()))[2] == 2
     await groups.store.close()
 
@@ -136,23 +139,6 @@ def test_an_index_nobody_polls_keeps_no_more_than_twice_what_is_filed() -> None:
     index.file(sub(0, gid="last").key, 5.0)
     assert len(index._heap) <= 2 * len(index.at) + 64
     assert index.due(10.0, 10) == [sub(0, gid="last").key]
-
-
-async def _end_one(groups: LocalGroups, gid: str) -> Tombstone:
-    """Open a cohort through ``groups`` and fail it, telling the commit what ended."""
-    key = sub(0, gid=gid).key
-    state = await groups.load(key)
-    registry, now = _decide(state)
-    assert (await groups.commit(state, registry.submit(sub(0, gid=gid), now).records)).written
-    state = await groups.load(key)
-    registry, now = _decide(state)
-    cohort = registry.active(key)
-    assert cohort is not None
-    ended = registry.fail(cohort, "stopped by a test", now)
-    assert ended
-    [tomb] = [r.tombstone for r in ended.records if isinstance(r, TombstoneRecord)]
-    assert (await groups.commit(state, ended.records, ended=[tomb])).written
-    return tomb
 
 
 async def test_an_ended_cohort_with_a_tombstone_is_read_from_it_not_from_a_mailbox() -> None:
