@@ -82,7 +82,6 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 	$(PY) -m bench.farm --all --update-docs docs/performance.md
 	$(PY) -m bench.tokens --update-docs docs/performance.md
-	$(PY) -m bench.runtimes --update-docs docs/performance.md
 
 # The "vs NeMo Gym genrm_compare" section alone (bench/gym_peer.py, about 3 min): NeMo
 # Gym's own servers and ours in front of one fake judge, written into

@@ -1,15 +1,13 @@
 """Service code per member, in one process, without gRPC (run by hand; not in ``make bench``).
 
-``python -m bench.hotpath [--members N] [--repeats R] [--profile CASE] [--runtime R]``
-(``registry``, the default, or ``groups``: the single process deciding as one replica
-does, issue 22) drives the
+``python -m bench.hotpath [--members N] [--repeats R] [--profile CASE]`` drives the
 server's own ``CohortServicer`` (built by ``CohortServer`` from ``Settings``, store
 ``memory://``) the way grpc.aio would, minus gRPC: ``SubmitMember`` is awaited with a
 stand-in servicer context, a StreamGroups stream runs ``GroupStream`` over an async
 iterator of requests with a list as its writer. The judge is ``bench.service``'s
 in-process ``InstantJudge``, so no HTTP either. What is left is the work a member costs
-in the service's own code: validation and digests, the registry, the runtime's waiters,
-pair tasks and scoring, and building the results.
+in the service's own code: validation and digests, the group store and its decisions,
+the runtime's waiters, pair tasks and scoring, and building the results.
 
 Cases: 1-member groups (SubmitMember, StreamGroups) and 16-member groups (circular,
 SubmitMember and StreamGroups). Figures are process CPU time per member, the minimum of
@@ -56,10 +54,9 @@ class _Context:
         """The servicer names its instance in the initial metadata; nobody reads it here."""
 
 
-def _server(runtime: str) -> CohortServer:
+def _server() -> CohortServer:
     settings = Settings(
         store="memory://",
-        runtime="groups" if runtime == "groups" else "registry",
         log_level="WARNING",
         default_principle="Prefer the correct answer.",
         comparison_strategy="circular",
@@ -94,10 +91,10 @@ def _driver(server: CohortServer, case: str) -> Callable[[list[Any]], Awaitable[
     return submit if case.startswith("submit") else stream
 
 
-async def _measure(case: str, members: int, profile: bool, runtime: str = "registry") -> float:
+async def _measure(case: str, members: int, profile: bool) -> float:
     size = int(case.rsplit("-", 1)[1])
     in_flight = 128 if size == 1 else 8  # groups at a time, as in make bench
-    server = _server(runtime)
+    server = _server()
     await server.runtime.open()
     run = _driver(server, case)
     for n in range(200 // size + 10):  # warm-up: code paths, caches
@@ -124,17 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--members", type=int, default=16_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", choices=CASES)
-    parser.add_argument("--runtime", choices=("registry", "groups"), default="registry")
     args = parser.parse_args(argv)
     if args.profile:
-        asyncio.run(_measure(args.profile, args.members, True, args.runtime))
+        asyncio.run(_measure(args.profile, args.members, True))
         return 0
     out: dict[str, float] = {}
     for case in CASES:
-        runs = [
-            asyncio.run(_measure(case, args.members, False, args.runtime))
-            for _ in range(args.repeats)
-        ]
+        runs = [asyncio.run(_measure(case, args.members, False)) for _ in range(args.repeats)]
         out[case] = round(min(runs), 1)
         print(f"{case}: {out[case]} µs of service code per member (min of {runs})", flush=True)
     print(json.dumps(out))

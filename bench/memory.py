@@ -5,7 +5,8 @@ object. ``active``: COUNT cohorts of 16 members with 4 KiB answers, all members 
 every judge call pending (the peak state: members, waiters, timers, pair tasks).
 ``tombstone``: COUNT cohorts run to completion with an instant judge, so the store
 holds COUNT tombstones (+ one attempt watermark each). Both go through
-``CohortRuntime.submit`` as the servicer does (gRPC per-call buffers are not counted).
+``ReplicaRuntime.submit`` over the in-process group store, as the servicer does (gRPC
+per-call buffers are not counted).
 
 ``tracemalloc`` counts the bytes Python allocated and still holds (deterministic for a
 given interpreter); ``rss`` is the resident-set delta (includes allocator slack).
@@ -30,8 +31,10 @@ from genrm_grpc.cohort.model import CohortKey, MemberCoords, PromptSpec, Submiss
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
-from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.clock import LoopClock, WallClock
 from genrm_grpc.runtime.live import Ticket
+from genrm_grpc.runtime.replica import ReplicaRuntime
+from genrm_grpc.store.local import LocalGroups
 from genrm_grpc.store.memory import MemoryStore
 
 GROUP_SIZE = 16
@@ -50,7 +53,8 @@ class BlockedJudge:
         return JudgeOutcome(verdict=FIXED_VERDICT, usage=None, attempts=1)
 
 
-def make_runtime(judge: Any, retained: int) -> CohortRuntime:
+async def make_runtime(judge: Any, retained: int) -> ReplicaRuntime:
+    """The server's runtime for ``memory://``: the in-process group store, nothing behind."""
     settings = Settings(
         cohort_collection_timeout_s=LONG,
         cohort_evaluation_timeout_s=LONG,
@@ -60,7 +64,19 @@ def make_runtime(judge: Any, retained: int) -> CohortRuntime:
         comparison_strategy="circular",
         default_principle="",  # as measured before the settings views
     )
-    return CohortRuntime(CohortRegistry(settings, MemoryStore(settings)), judge, settings)
+    clock = WallClock()
+    shared = LocalGroups(
+        settings,
+        lease_s=settings.replica_lease_s,
+        behind=None,
+        address="memory://",
+        clock=clock,
+        lease_clock=LoopClock(),
+    )
+    registry = CohortRegistry(settings, MemoryStore(settings))
+    runtime = ReplicaRuntime(registry, judge, settings, shared=shared, clock=clock)
+    await runtime.open()
+    return runtime
 
 
 def submission(n: int, i: int) -> Submission:
@@ -88,28 +104,31 @@ async def settle() -> None:
 
 async def measure(kind: str, count: int, sample: Callable[[], int]) -> dict[str, Any]:
     judge: Any = BlockedJudge() if kind == "active" else InstantJudge()
-    runtime = make_runtime(judge, retained=count + 10)
+    runtime = await make_runtime(judge, retained=count + 10)
     # Warm up code paths and caches (one cohort, then gone) before the baseline.
-    warm = make_runtime(InstantJudge(), retained=10)
-    for i in range(GROUP_SIZE):
-        warm.decide(submission(-1, i))
+    warm = await make_runtime(InstantJudge(), retained=10)
+    await asyncio.gather(*(warm.submit(submission(-1, i)) for i in range(GROUP_SIZE)))
     await settle()
+    await warm.shutdown(0.0)
     del warm
-    tickets: list[Ticket] = []
+    tickets: list[asyncio.Task[Ticket]] = []
     gc.collect()
     await settle()
     before = sample()
     for n in range(count):
-        for i in range(GROUP_SIZE):
-            ticket = runtime.decide(submission(n, i))
-            if kind == "active":
-                tickets.append(ticket)  # the waiting handlers hold their tickets
+        # The waiting handlers hold their tickets (every member is in before one returns).
+        members = (submission(n, i) for i in range(GROUP_SIZE))
+        cohort = [asyncio.ensure_future(runtime.submit(m)) for m in members]
+        await asyncio.gather(*cohort)
+        if kind == "active":
+            tickets.extend(cohort)
         if kind == "tombstone" and n % 64 == 63:
             await settle()
     await settle()
     gc.collect()
     after = sample()
-    counts = dict(runtime.registry.store.counts())
+    census = await runtime.refresh_census()
+    counts = {"tombstones": census.tombstones, "watermarks": census.watermarks}
     stats = runtime.stats()
     if kind == "active":
         if stats["live_cohorts"] != count:
@@ -126,9 +145,11 @@ async def measure(kind: str, count: int, sample: Callable[[], int]) -> dict[str,
     }
     if kind == "tombstone":
         key = CohortKey(group_id="g-0", legacy_key=None, attempt=0)
-        tomb = runtime.registry.store.tombstone(key, runtime.now())
-        if tomb is not None:
-            out["deep_size_breakdown"] = breakdown(tomb)
+        shared = runtime.shared
+        assert isinstance(shared, LocalGroups)
+        held = shared.state.unexpired_tombstone(key, runtime.now())
+        if held is not None:
+            out["deep_size_breakdown"] = breakdown(held.tombstone)
     if kind == "active":
         if isinstance(judge, BlockedJudge):
             judge.release.set()

@@ -372,12 +372,12 @@ def memory_section(out: dict[str, Any]) -> str:
         "## 9. Memory",
         "",
         "Each figure comes from a fresh interpreter (`python -m bench.memory KIND METHOD "
-        "COUNT`) that builds COUNT cohorts through `CohortRuntime.submit` (as the "
-        "servicer does) and divides the growth by COUNT, after a warm-up cohort and "
-        "`gc.collect()`. *tracemalloc* counts the bytes Python allocated and still "
-        "holds (reproducible); *RSS* is the resident-set growth, which adds allocator "
-        "slack and, for tombstones, the freed answer bodies the allocator keeps. gRPC "
-        "per-call buffers are not included.",
+        "COUNT`) that builds COUNT cohorts through `ReplicaRuntime.submit` over the "
+        "in-process group store (as the servicer does) and divides the growth by "
+        "COUNT, after a warm-up cohort and `gc.collect()`. *tracemalloc* counts the "
+        "bytes Python allocated and still holds (reproducible); *RSS* is the "
+        "resident-set growth, which adds allocator slack and, for tombstones, the freed "
+        "answer bodies the allocator keeps. gRPC per-call buffers are not included.",
         "",
         md_table(["state", "count", "tracemalloc / item", "RSS Δ / item"], rows),
         "",

@@ -267,7 +267,12 @@ async def bench_storm(plan: StormPlan) -> StormResult:
     try:
         await asyncio.gather(*(group(n) for n in range(plan.groups)))
         elapsed = time.perf_counter() - t0
-        store_counts = dict(server.registry.store.counts())
+        census = await server.runtime.refresh_census()
+        store_counts = {
+            "active_cohorts": census.collecting + census.evaluating,
+            "tombstones": census.tombstones,
+            "watermarks": census.watermarks,
+        }
         runtime_calls = server.runtime.judge_calls
     finally:
         await shared.close()

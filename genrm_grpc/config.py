@@ -174,12 +174,6 @@ class Settings(BaseSettings):
     #: ``group``: a later attempt of a group reuses journaled verdicts on byte-identical
     #: questions instead of calling the judge again; ``off``: always judge.
     verdict_reuse: Literal["group", "off"] = "group"
-    #: How one process decides: ``registry`` on its registry of every cohort held;
-    #: ``groups`` each group as a replica of many does, over an in-process group store
-    #: with the SQLite file (or nothing) behind it: the one-runtime change,
-    #: docs/architecture.md. With ``redis://`` the replicas' runtime decides, whatever
-    #: this says.
-    runtime: Literal["registry", "groups"] = "registry"
     #: Replicas on a shared ``redis://`` store: how long an evaluating replica's lease on
     #: a cohort lasts without renewal (renewed every third of it); after it expires
     #: another replica takes the evaluation over.

@@ -1,6 +1,6 @@
-"""Run a suite once per kind of store: ``sqlite`` (the default), ``memory``, ``redis``,
-and ``groups``: the SQLite file under the replicas' runtime over the in-process group
-store (``runtime: groups``, the one-replica case of issue 22).
+"""Run a suite once per kind of store: ``sqlite`` (the default), ``memory`` and ``redis``.
+The runtime is the same on each: over the in-process group store (a SQLite file, or
+nothing, behind it) for the first two, over Redis for the third.
 
 A test (or a module-scoped fixture) that asks for ``store_kind`` is parametrized over
 the kinds (``DEFAULT_KINDS``, unless ``GENRM_TEST_STORES`` names others); ``GENRM_STORE``
@@ -21,14 +21,14 @@ import pytest
 
 from tests.redis_support import RedisBinaryMissing, RedisServer, ping
 
-STORE_KINDS = ("sqlite", "memory", "redis", "groups")
+STORE_KINDS = ("sqlite", "memory", "redis")
 DEFAULT_KINDS = ("sqlite", "memory")
 """The kinds a suite runs on unless ``GENRM_TEST_STORES`` (comma-separated) names others.
 
 The suites listed in ``EVERY_KIND_BY_DEFAULT`` (server, security, fuzz, the one-process
-e2e protocol tests) run on Redis too,
-over the replica runtime: each member decided on its group as Redis holds it. The other
-store-parametrized tests start their own processes and choose their kinds themselves.
+e2e protocol tests) run on Redis too: each member decided on its group as Redis holds
+it. The other store-parametrized tests start their own processes and choose their kinds
+themselves.
 """
 
 
@@ -60,23 +60,6 @@ _CHOSEN = os.environ.pop("GENRM_TEST_STORES", "")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "stores(*kinds): run only on these kinds of store")
-    config.addinivalue_line(
-        "markers",
-        "not_on_replicas(feature): the Redis run is a strict xfail until the feature lands",
-    )
-
-
-def _param(kind: str, metafunc: pytest.Metafunc) -> object:
-    """``kind`` as a parameter; on Redis a strict xfail if the test needs a missing feature.
-
-    The gap stays visible and counted, and the strict xfail fails the run the day the
-    feature reaches the replica runtime, so the marker has to go with it.
-    """
-    marker = metafunc.definition.get_closest_marker("not_on_replicas")
-    if kind not in ("redis", "groups") or marker is None:
-        return kind
-    reason = f"issue 22 item 4: {marker.args[0]} not on replicas yet"
-    return pytest.param(kind, marks=pytest.mark.xfail(strict=True, reason=reason))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -89,8 +72,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     unknown = set(kinds) - set(STORE_KINDS)
     if unknown:
         raise pytest.UsageError(f"unknown store kinds {sorted(unknown)} for {metafunc.function}")
-    params = [_param(kind, metafunc) for kind in kinds]
-    metafunc.parametrize("store_kind", params, indirect=True, scope="module")
+    metafunc.parametrize("store_kind", kinds, indirect=True, scope="module")
 
 
 def start_redis(appendonly: bool = False) -> RedisServer:
@@ -140,8 +122,6 @@ def store_env_of_kind(
     elif fresh_file:
         folder = request.getfixturevalue("tmp_path_factory").mktemp(f"{kind}-store")
         env["GENRM_STORE"] = f"sqlite:///{folder / 'state.sqlite3'}"
-    if kind == "groups":
-        env["GENRM_RUNTIME"] = "groups"
     return env
 
 

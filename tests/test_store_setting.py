@@ -58,8 +58,3 @@ def test_a_server_on_a_file_never_imports_the_redis_client() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]"
-
-
-@pytest.mark.parametrize("url", ["memory://", "sqlite:///state.sqlite3", "redis://h:6379/0"])
-def test_the_groups_runtime_runs_on_every_store(url: str) -> None:
-    assert load_settings(store=url, runtime="groups").runtime == "groups"

@@ -1,6 +1,6 @@
 """What can happen to a group, as values, and the one function that applies it.
 
-Every event either runtime hands the registry is one of these frozen dataclasses: a
+Every event the runtime hands the registry is one of these frozen dataclasses: a
 member arrived, a deadline passed, the judge finished (or failed for good), the
 verdicts could not be aggregated, the cohort was cancelled. They compare by value and
 print as what they are, so a decision can be logged (at DEBUG, :func:`apply` writes

@@ -5,8 +5,8 @@ and ``runtime/replica.py`` make on the group state they share with other replica
 versioned reads of one group, a compare-and-set commit, the evaluation lease, the
 deadline and orphan indexes, the outcome channel and the journal of passes. Two
 implementations satisfy it: ``genrm_grpc.store.shared.SharedGroups`` over Redis, and
-``genrm_grpc.store.local.LocalGroups`` in process (``runtime: groups``: a single process
-as the one-replica case, with its SQLite file or nothing behind it, docs/architecture.md).
+``genrm_grpc.store.local.LocalGroups`` in process (a single process as the one-replica
+case, with its SQLite file or nothing behind it, docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -115,6 +115,10 @@ class InstantGroups(Protocol):
 
     def load_now(self, key: CohortKey) -> GroupState | None: ...
     def version_now(self, key: CohortKey) -> str | None: ...
+    def counts_now(self) -> tuple[int, int, int, int]:
+        """What :meth:`GroupStore.census` counts, as held now (nothing expired here)."""
+        ...
+
     def begin_commit(
         self,
         state: GroupState,

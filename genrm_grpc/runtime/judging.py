@@ -1,11 +1,11 @@
-"""Judging the passes of live cohorts and of Compare batches, for either runtime.
+"""Judging the passes of live cohorts and of Compare batches.
 
 One :class:`Judging` per process: the judge permits (a priority-ordered concurrency
 bound), the pass plan, the journal of verdicts a restart or takeover resumes from,
 verdict reuse across attempts, aggregation, and the ownership of every task it starts.
-What differs between the single process and a replica is only where a finished pass is
-journaled (the ``journal`` callback) and where a verdict of an earlier attempt is looked
-up (the ``verdicts`` store); both runtimes hold one of these and decide nothing here.
+Where a finished pass is journaled (the ``journal`` callback: under the evaluation's
+lease) and where a verdict of an earlier attempt is looked up (the ``verdicts`` store)
+come from the runtime, which holds one of these; nothing is decided here.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class Judging:
 
     async def verdict_event(self, live: Live) -> GroupEvent:
         """Judge every pass of a frozen cohort: the event that ends its evaluation, for
-        either runtime to decide. A pass failed for good: JudgeFailed (the cohort is
+        for the runtime to decide. A pass failed for good: JudgeFailed (the cohort is
         masked); else :meth:`scored_event`."""
         try:
             results = await self.judge_all(live)

@@ -1,10 +1,11 @@
-"""What both runtimes hand their callers, and the state they keep per live cohort.
+"""What the runtime hands its callers, and the state it keeps per live cohort.
 
-:class:`Runtime` is what the servicer, the server and the metrics call, whichever runtime
-runs. A call gets a :class:`Ticket` (a :class:`Waiter`, a replayed tombstone or a rejection)
-or a :class:`CallInterrupted`; a cohort being collected or judged is a :class:`Live`:
-its waiters, timers, judge tasks and the lease it is judged under. The single-process
-runtime (``runtime/engine.py``) and the replicas' (``runtime/replica.py``) share these
+:class:`Runtime` is what the servicer, the server and the metrics call, whichever group
+store is under it. A call gets a :class:`Ticket` (a :class:`Waiter`, a replayed
+tombstone or a rejection) or a :class:`CallInterrupted`; a cohort being collected or
+judged is a :class:`Live`: its waiters, timers, judge tasks and the lease it is judged
+under. The runtime
+(``runtime/replica.py``) and its parts (``judging.py``, ``leased.py``, ...) share these
 types and the helpers that deliver an outcome or wait for a cohort's passes.
 """
 
@@ -44,7 +45,8 @@ from genrm_grpc.scoring.types import JudgedPair, ScoringView
 from genrm_grpc.store.records import StoreError
 
 #: The logger of the one line per ended cohort. Its name is the one these lines have
-#: always carried (operators filter and route on it), whichever runtime writes them.
+#: always carried (operators filter and route on it), kept when the module it named
+#: went (one runtime since issue 22).
 outcome_log = logging.getLogger("genrm_grpc.runtime.engine")
 
 JudgeSchedule = Literal["after_collection", "eager"]
@@ -139,7 +141,7 @@ ProgressCallback = Callable[[PairProgress], None]
 #: event loop in between, so that a large cohort never freezes the loop.
 START_SLICE = 256
 #: After a failed write of what a decision depends on (a cohort's final records, an
-#: evaluation's end), how long until it is tried again; both runtimes.
+#: evaluation's end), how long until it is tried again.
 REWRITE_DELAY_S = 1.0
 
 
@@ -261,7 +263,8 @@ class Live:
 
 
 class Runtime(Protocol):
-    """The calls every runtime answers (``runtime/engine.py``, ``runtime/replica.py``)."""
+    """The calls the runtime answers (``runtime/replica.py``): what the servicer, the
+    server and the metrics see of it."""
 
     @property
     def draining(self) -> bool: ...

@@ -1,5 +1,5 @@
-"""The runtime of one replica among several sharing a Redis store (docs/scaling.md), and
-of a single process deciding as its deployment's one replica (``runtime: groups``, over
+"""The one runtime: of one replica among several sharing a Redis store (docs/scaling.md),
+and of a single process deciding as its deployment's one replica (over
 ``genrm_grpc.store.local``; what is said of Redis below holds for that store too).
 
 Every rule stays in the registry. For each event a replica reads the group from Redis
@@ -58,7 +58,7 @@ from genrm_grpc.observability.hooks import NullRuntimeObserver, RuntimeObserver
 from genrm_grpc.runtime.clock import WallClock, sleep
 from genrm_grpc.runtime.decided import Decided
 from genrm_grpc.runtime.group_decisions import GroupDecisions, GroupView
-from genrm_grpc.runtime.group_store import GroupStore
+from genrm_grpc.runtime.group_store import GroupStore, InstantGroups
 from genrm_grpc.runtime.judging import Judging
 from genrm_grpc.runtime.leased import LeasedEvaluations
 from genrm_grpc.runtime.live import (
@@ -147,6 +147,7 @@ class ReplicaRuntime:
         self._background: list[asyncio.Task[None]] = []
         #: The deployment's counts as the store watcher last read them (STORE_CHECK_S).
         self._census = Census()
+        self._instant = shared if isinstance(shared, InstantGroups) else None
 
     def _evaluations(self) -> LeasedEvaluations:
         return LeasedEvaluations(
@@ -307,8 +308,11 @@ class ReplicaRuntime:
             **self.judging.stats(),
             # Failed group commits and journal writes (their calls got STORE_UNAVAILABLE).
             "store_failures": shared.failures + self.store.write_failures,
-            # The deployment's active cohorts as last read (the registry here holds none).
-            "active_cohorts": shared.active_seen,
+            # The deployment's active cohorts: held now in process, else as last read
+            # (the registry here holds none between decisions).
+            "active_cohorts": (
+                shared.active_seen if self._instant is None else self._instant.counts_now()[0]
+            ),
             "evaluating_here": len(self.evaluations.here),
             "takeovers": shared.takeovers,
             "leases_lost": shared.leases_lost,
@@ -319,19 +323,17 @@ class ReplicaRuntime:
         }
 
     def census(self) -> Census:
-        """The whole deployment's counts (every replica reports the same, a second old
-        at most): this process's registry holds one group at a time, and none between."""
+        """The whole deployment's counts: as held now on the in-process store; on Redis
+        as last read (every replica reports the same, a second old at most). The
+        registry holds one group at a time, and none between."""
+        instant = self._instant
+        if instant is not None:
+            self._census = _census_of(*instant.counts_now())
         return self._census
 
     async def refresh_census(self) -> Census:
         """Read the deployment's counts now (one round trip; StoreError when Redis is down)."""
-        active, evaluating, tombstones, watermarks = await self.shared.census(self._clock.now())
-        self._census = Census(
-            collecting=max(0, active - evaluating),
-            evaluating=evaluating,
-            tombstones=tombstones,
-            watermarks=watermarks,
-        )
+        self._census = _census_of(*await self.shared.census(self._clock.now()))
         return self._census
 
     def _committed(
@@ -485,8 +487,8 @@ class ReplicaRuntime:
     def _store_failed(self) -> None:
         """A read or write of the group store failed. Readiness follows a store shared by
         replicas (Redis: another replica may serve meanwhile); a single process's file
-        behind the in-process store does not turn it, as under the registry runtime: its
-        failed writes are counted (``store_failures``) and each call they fail is told."""
+        behind the in-process store does not turn it: its failed writes are counted
+        (``store_failures``) and each call they fail is told."""
         if self.store_available and self.shared.shared_by_replicas:
             self.judging.own(self._store_health(False), name="replica-store-down")
 
@@ -497,3 +499,12 @@ class ReplicaRuntime:
         log.warning("the store %s is %s", self.shared.address, "back" if available else "down")
         if self._on_store_health is not None:
             await self._on_store_health(available)
+
+
+def _census_of(active: int, evaluating: int, tombstones: int, watermarks: int) -> Census:
+    return Census(
+        collecting=max(0, active - evaluating),
+        evaluating=evaluating,
+        tombstones=tombstones,
+        watermarks=watermarks,
+    )

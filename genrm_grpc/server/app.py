@@ -29,9 +29,10 @@ from genrm_grpc.observability.hooks import (
     RuntimeObserver,
 )
 from genrm_grpc.observability.metrics import MetricsEndpoint, ServerMetrics
-from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.runtime.clock import LoopClock, WallClock
 from genrm_grpc.runtime.group_store import GroupStore
 from genrm_grpc.runtime.live import JudgeBackend, Runtime
+from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.server.admission import Admission
 from genrm_grpc.server.bounds import FieldBounds
 from genrm_grpc.server.documented_reflection import enable_documented_reflection
@@ -188,23 +189,12 @@ class CohortServer:
             )
 
     def _build_runtime(self, backend: JudgeBackend, observer: RuntimeObserver) -> Runtime:
-        """The runtime for the configured store: replicas sharing one Redis, or one
-        process on a file or in memory."""
+        """The one runtime, over the group store the configured store calls for: Redis
+        shared by replicas, or the in-process store of a single process (the one-replica
+        case) with the SQLite file, or nothing, behind it."""
         settings = self.settings
         store = store_from_url(settings.store, max_tombstones=settings.max_terminal_cohorts)
         redis = settings.store.startswith("redis:")
-        if not redis and settings.runtime == "registry":
-            return CohortRuntime(
-                self.registry,
-                backend,
-                settings,
-                observer=observer,
-                store=store,
-                judge_identity=judge_identity(settings),
-            )
-        from genrm_grpc.runtime.clock import LoopClock, WallClock
-        from genrm_grpc.runtime.replica import ReplicaRuntime
-
         # Wall-clock seconds: what replicas sharing Redis compare, and the in-process
         # store's deadline timers count in the same clock as its runtime. Its leases
         # count in the loop's monotonic clock, which no step of the wall clock moves.
@@ -221,7 +211,7 @@ class CohortServer:
             on_redis.on_round_trip = self.metrics.store_round_trip.observe
             shared = on_redis
         else:
-            # One process deciding as the one replica of its deployment (runtime: groups),
+            # One process deciding as the one replica of its deployment,
             # with the SQLite file behind its group store, or nothing (memory://).
             shared = LocalGroups(
                 settings,

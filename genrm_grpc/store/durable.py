@@ -105,9 +105,8 @@ class TurnBatched:
 
     The single process's group store commits each decision on its own (a 1-member group
     is one commit per member); this gives the writer thread one batch, one future and
-    one wake-up per loop turn instead, as the registry runtime's write queue does. The
-    writes of one turn succeed or fail together. :meth:`close` sends what is queued
-    first.
+    one wake-up per loop turn instead. The writes of one turn succeed or fail together.
+    :meth:`close` sends what is queued first.
     """
 
     def __init__(self, store: DurableStore) -> None:

@@ -127,6 +127,12 @@ class LocalGroups:
                 self.store.persist(drops).add_done_callback(_ignore_failure)
         state.expire_mailboxes(now)
         self.stats.active_seen = state.active_total
+        return self.counts_now()
+
+    def counts_now(self) -> tuple[int, int, int, int]:
+        """Active cohorts, those evaluating, tombstones and watermarks held now: four
+        sizes kept as records apply, read by every scrape (no walk, nothing expired)."""
+        state = self.state
         evaluating = len(state.evaluations.at)
         return state.active_total, evaluating, len(state.tombstones), len(state.watermarks)
 

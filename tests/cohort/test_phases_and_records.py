@@ -143,7 +143,7 @@ def _round(deferred: bool) -> tuple[list[object], list[object]]:
 
 
 def test_a_registry_that_defers_its_records_writes_the_end_state_of_its_round() -> None:
-    """A one-group registry (the groups runtime's) takes a round's records at once: the
+    """A one-group registry (the runtime's) takes a round's records at once: the
     same records as the end state of the same decisions made one by one, each decision
     carrying none, and a header made once, as its cohort is at the end of the round."""
     each, deferred = _round(True)

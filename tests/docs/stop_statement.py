@@ -14,12 +14,10 @@ PAGE = ROOT / "docs" / "durability.md"
 ANCHOR = "durability.md#what-a-stop-does"
 
 # A store's row: `sqlite:///…`, `redis://…`, `memory://` in the first cell.
-# ``groups`` (a SQLite file under ``runtime: groups``) keeps the file's promise.
 _STORES = {
     "sqlite": "`sqlite:///",
     "redis": "`redis://",
     "memory": "`memory://`",
-    "groups": "`sqlite:///",
 }
 _REASON = re.compile(r"`(?:UNAVAILABLE|ABORTED)` / `([A-Z_]+)`")
 

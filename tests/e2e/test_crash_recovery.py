@@ -1,7 +1,6 @@
 """SIGKILL of the real server process, and a restart on the same SQLite file.
 
-Under both runtimes a file runs on: the registry's, and the groups runtime (the file
-behind the in-process group store).
+The file is behind the runtime's in-process group store, as a single process serves.
 
 The judge is the fake judge process (deterministic verdicts, per-pair request counters);
 the server runs as ``genrm-grpc serve`` on a fixed port, killed with SIGKILL (no drain,
@@ -32,14 +31,6 @@ from tests.e2e.support import error_reason, until
 from tests.judge.processes import FakeJudgeProcess, RestartableServer
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(autouse=True, params=["registry", "groups"])
-def runtime(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test under both runtimes a SQLite file runs on (the servers inherit it)."""
-    name: str = request.param
-    monkeypatch.setenv("GENRM_RUNTIME", name)
-    return name
 
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])

@@ -1,5 +1,5 @@
-"""Fixtures for the runtime tests: a manual clock, a scripted judge, and runtimes of
-both kinds (``runtime_kind``)."""
+"""Fixtures for the runtime tests: a manual clock, a scripted judge, and runtimes over
+the in-process group store."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import pytest
 from genrm_grpc.testing import ManualClock
 
 from .support import (
-    RUNTIME_KINDS,
     Runtime,
-    RuntimeKind,
     ScriptedJudge,
     close_runtime,
     make_runtime,
@@ -31,24 +29,17 @@ def judge() -> ScriptedJudge:
     return ScriptedJudge()
 
 
-@pytest.fixture(params=RUNTIME_KINDS)
-def runtime_kind(request: pytest.FixtureRequest) -> RuntimeKind:
-    """Each test that takes it runs on both runtimes (ids ``[registry]``, ``[groups]``)."""
-    kind: RuntimeKind = request.param
-    return kind
-
-
 Make = Callable[..., Awaitable[Runtime]]
 
 
 @pytest.fixture
-async def make(runtime_kind: RuntimeKind) -> AsyncIterator[Make]:
-    """``await make(judge, clock, **settings)``: a runtime of this test's kind, opened;
-    stopped when the test ends."""
+async def make() -> AsyncIterator[Make]:
+    """``await make(judge, clock, **settings)``: a runtime, opened; stopped when the test
+    ends."""
     made: list[Runtime] = []
 
     async def build(judge: ScriptedJudge, clock: ManualClock, **kw: Any) -> Runtime:
-        runtime = await open_runtime(make_runtime(judge, clock, kind=runtime_kind, **kw))
+        runtime = await open_runtime(make_runtime(judge, clock, **kw))
         made.append(runtime)
         return runtime
 

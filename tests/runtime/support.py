@@ -6,12 +6,10 @@ tests decide exactly when each comparison finishes. Nothing here sleeps for time
 ``until``/``settle`` only yield to the event loop, which runs ready tasks in FIFO
 order, so every interleaving is reproducible.
 
-Two runtimes are built (``RUNTIME_KINDS``): ``registry`` (``CohortRuntime``, one
-process deciding on its registry) and ``groups`` (``ReplicaRuntime`` over the
-in-process group store, ``memory://``: the one-replica case), both on the test's
-``ManualClock``. On ``groups`` a decision is a task (read, decide, commit), so what a
-registry runtime does within a call happens a few loop turns later: the tests
-``settle`` before they look.
+The runtime is the server's one runtime (``ReplicaRuntime``) over the in-process group
+store (``memory://``, or a file behind it: the one-replica case), on the test's
+``ManualClock``. A decision is a task (read, decide, commit), so what a call decides
+happens a few loop turns later: the tests ``settle`` before they look.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 from genrm_grpc.cohort.identity import CandidateInput, ComparisonMode, resolve
 from genrm_grpc.cohort.model import (
@@ -36,7 +34,6 @@ from genrm_grpc.cohort.model import (
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
-from genrm_grpc.runtime.engine import CohortRuntime
 from genrm_grpc.runtime.live import JudgeSchedule, Ticket
 from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring.types import Verdict
@@ -50,14 +47,12 @@ COLLECTION_S = 100.0
 EVALUATION_S = 50.0
 DEFAULT_VERDICT = Verdict(4.0, 2.0, 2.0)
 USAGE = TokenUsage(input_tokens=100, output_tokens=10, reasoning_tokens=3)
-#: The groups runtime's evaluation lease in the tests: longer than any jump a test
+#: The runtime's evaluation lease in the tests: longer than any jump a test
 #: makes with its ManualClock (a jump is time the whole process lives through at once,
 #: renewals included), unless a test is about the lease.
 LEASE_S = 3600.0
 
-RuntimeKind: TypeAlias = Literal["registry", "groups"]
-RUNTIME_KINDS: tuple[RuntimeKind, ...] = ("registry", "groups")
-Runtime: TypeAlias = CohortRuntime | ReplicaRuntime
+Runtime: TypeAlias = ReplicaRuntime
 
 
 def text(gid: str | None, i: int, attempt: int | None = 0) -> str:
@@ -184,20 +179,17 @@ def make_runtime(
     mode: ComparisonMode = "rollout_cohort",
     position_debias: bool = False,
     max_queued_compare_passes: int = 4096,
-    kind: RuntimeKind = "registry",
     lease_clock: ManualClock | None = None,
     behind: DurableStore | None = None,
     **scoring: Any,
 ) -> Runtime:
     """A runtime over one ``Settings``; ``scoring`` are further keys (scoring knobs).
 
-    ``groups``: not opened yet (:func:`open_runtime` does, and :func:`close_runtime`
-    stops it); ``registry`` needs neither. ``lease_clock``: what the in-process store's
-    leases count in (``clock`` when None); ``behind``: the groups runtime's file (None:
-    nothing behind its in-process store).
+    Not opened yet (:func:`open_runtime` does, and :func:`close_runtime` stops it).
+    ``lease_clock``: what the in-process store's leases count in (``clock`` when None);
+    ``behind``: the file behind the in-process store (None: nothing, as ``memory://``).
     """
-    if kind == "groups":
-        scoring = {"runtime": "groups", "replica_lease_s": LEASE_S, **scoring}
+    scoring = {"replica_lease_s": LEASE_S, **scoring}
     settings = Settings(
         cohort_collection_timeout_s=collection_s,
         cohort_evaluation_timeout_s=evaluation_s,
@@ -212,8 +204,6 @@ def make_runtime(
         **scoring,
     )
     registry = CohortRegistry(settings, MemoryStore(settings))
-    if kind == "registry":
-        return CohortRuntime(registry, judge, settings, clock=clock)
     shared = LocalGroups(
         settings,
         lease_s=settings.replica_lease_s,
@@ -227,26 +217,23 @@ def make_runtime(
 
 
 async def open_runtime(runtime: Runtime) -> Runtime:
-    if isinstance(runtime, ReplicaRuntime):
-        await runtime.open()
+    await runtime.open()
     return runtime
 
 
 async def close_runtime(runtime: Runtime) -> None:
-    """Stop what a test left running (the groups runtime's background work)."""
-    if isinstance(runtime, ReplicaRuntime):
-        await runtime.shutdown(0)  # (again, if the test did: nothing is left to stop)
-        await runtime.close()
+    """Stop what a test left running (the runtime's background work)."""
+    await runtime.shutdown(0)  # (again, if the test did: nothing is left to stop)
+    await runtime.close()
 
 
 async def submit(runtime: Runtime, member: Submission, **kw: Any) -> Ticket:
-    """One member's decision, the call both runtimes answer."""
+    """One member's decision, as the servicer asks for it."""
     return await runtime.submit(member, **kw)
 
 
 async def lookup(runtime: Runtime, key: CohortKey) -> Cohort | Tombstone | None:
-    """``key`` as the runtime's store holds it now: the live cohort on ``registry``, a
-    copy read from the group store on ``groups``."""
+    """``key`` as the runtime's store holds it now: a copy read from the group store."""
     registry, now = await runtime.view(key)
     return registry.lookup(key, now)
 
@@ -263,7 +250,7 @@ async def phase_of(runtime: Runtime, key: CohortKey) -> Phase | None:
 
 
 async def advance(clock: ManualClock, seconds: float) -> None:
-    """Move time and let what its timers started run (a groups decision is a task)."""
+    """Move time and let what its timers started run (a decision is a task)."""
     clock.advance(seconds)
     await settle()
 
@@ -291,10 +278,9 @@ async def assert_no_leaks(
 ) -> None:
     """After a scenario: no task, waiter, permit or cohort body is left behind.
 
-    ``registry``: the registry holds no active cohort and the ended cohorts' bodies are
-    freed. ``groups``: the group store holds no active cohort, deadline (nor its
-    timer) or evaluation, and the runtime no decision, cached group state or
-    evaluation (``cohorts`` are copies there: their keys are checked in the store).
+    The group store holds no active cohort, deadline (nor its timer) or evaluation, and
+    the runtime no decision, cached group state or evaluation (``cohorts`` are copies:
+    their keys are checked in the store).
     """
     await settle()
     await runtime.drain_tasks()
@@ -303,21 +289,14 @@ async def assert_no_leaks(
     assert stats["judge_in_flight"] == 0, stats
     assert stats["waiters"] == 0, stats
     assert stats["live_cohorts"] == 0, stats
-    if isinstance(runtime, ReplicaRuntime):
-        assert stats["evaluating_here"] == 0, stats
-        assert runtime.decisions.pending() == (0, 0)
-        assert isinstance(runtime.shared, LocalGroups)
-        held = runtime.shared.state
-        assert held.active_total == 0 and not held.cohorts, list(held.cohorts)
-        assert not held.deadlines.at and held.deadline_timers() == 0, held.deadlines.at
-        assert not held.evaluations.at, held.evaluations.at
-        assert {c.key for c in cohorts}.isdisjoint(held.cohorts)
-    else:
-        assert stats["active_cohorts"] == 0, stats
-        for cohort in cohorts:
-            assert not cohort.active, cohort.key
-            assert cohort.members == {}, cohort.key
-            assert cohort.snapshot is None, cohort.key
+    assert stats["evaluating_here"] == 0, stats
+    assert runtime.decisions.pending() == (0, 0)
+    assert isinstance(runtime.shared, LocalGroups)
+    held = runtime.shared.state
+    assert held.active_total == 0 and not held.cohorts, list(held.cohorts)
+    assert not held.deadlines.at and held.deadline_timers() == 0, held.deadlines.at
+    assert not held.evaluations.at, held.evaluations.at
+    assert {c.key for c in cohorts}.isdisjoint(held.cohorts)
     if judge is not None:
         assert judge.in_flight == 0
         assert not judge.blocked()

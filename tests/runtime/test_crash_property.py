@@ -7,14 +7,12 @@ same script is run once without its crashes and hang-ups; every member must get 
 same answer in both runs (the same reward, or the same masked / failed kind).
 
 Everything is real except the judge (a ScriptedJudge) and time (a ManualClock that moves
-only to run the store's rewrites and the groups runtime's sweeps): one process, one SQLite
-file per run, and each script runs on both runtimes (``RUNTIME_KINDS``): a CohortRuntime
-writing to the file, and a ReplicaRuntime over the in-process group store with the file
-behind it (``runtime: groups``). The script's ``fail`` step makes every waiting batch
-fail as a full disk would (nothing written, the runtime told so); the client then
-resends the calls that got ``STORE_UNAVAILABLE``, as it does for any ``UNAVAILABLE``.
-The registry runtime has decided such a call already and writes its records again; the
-groups runtime held nothing of it and decides the resend afresh.
+only to run the store's rewrites and the runtime's sweeps): one process, one SQLite file
+per run, the runtime over the in-process group store with the file behind it, as a
+single process serves. The script's ``fail`` step makes every waiting batch fail as a
+full disk would (nothing written, the runtime told so); the client then resends the
+calls that got ``STORE_UNAVAILABLE``, as it does for any ``UNAVAILABLE``. The runtime
+held nothing of such a call and decides the resend afresh.
 
 How a crash is modelled. The store is a real :class:`SqliteStore` whose batches wait in
 this process, as if its writer thread had not got to them yet, until the script's
@@ -27,10 +25,10 @@ hears that they are durable. A crash then
   crash), and lets nothing through from now on;
 - cancels the runtime's tasks and the clients' calls (the connections drop) and closes
   the writer with an empty queue (nothing more reaches the file), releasing the file's
-  lock as the kernel does for a killed process. (The groups runtime is stopped by its
-  drain, which then writes nothing: what it does is lost with the process's memory.)
+  lock as the kernel does for a killed process. (The runtime is stopped by its drain,
+  which then writes nothing: what it does is lost with the process's memory.)
 
-On the groups runtime a commit counts once the file has it and completes by a callback
+A commit counts once the file has it and completes by a callback
 on the write, whoever waited for it: a batch committed is in the file and is what the
 next process reads, acknowledged or not, and a batch still waiting is lost with its
 decision, as if it had never been made.
@@ -53,7 +51,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,7 +59,6 @@ from genrm_grpc.cohort.records import Record
 from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput
-from genrm_grpc.runtime.engine import CohortRuntime
 from genrm_grpc.runtime.live import REWRITE_DELAY_S, CallInterrupted
 from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring.types import Verdict
@@ -72,7 +68,7 @@ from genrm_grpc.store.records import StoreError, decode_key
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import ManualClock
 
-from .support import LEASE_S, RUNTIME_KINDS, Runtime, RuntimeKind, ScriptedJudge, settle, sub
+from .support import LEASE_S, Runtime, ScriptedJudge, settle, sub
 
 #: (group id, rollout index): one member of the script.
 MemberId = tuple[str, int]
@@ -211,8 +207,7 @@ class Run:
 
 
 @functools.cache
-def _settings(schedule: str, kind: RuntimeKind) -> Settings:
-    groups = {"runtime": "groups", "replica_lease_s": LEASE_S} if kind == "groups" else {}
+def _settings(schedule: str) -> Settings:
     return Settings(
         # Far beyond the rewrites' clock steps: no deadline ever passes.
         cohort_collection_timeout_s=100_000.0,
@@ -220,42 +215,32 @@ def _settings(schedule: str, kind: RuntimeKind) -> Settings:
         judge_schedule=schedule,  # type: ignore[arg-type]
         judge_max_concurrency=64,
         default_principle="",
-        **groups,  # type: ignore[arg-type]
+        replica_lease_s=LEASE_S,
     )
 
 
 class Process:
-    """One server process: a runtime of ``kind`` over the file, a judge, the clients.
+    """One server process: the runtime over the in-process group store with the file
+    behind it (every commit written there before it counts), a judge, the clients."""
 
-    ``registry``: a CohortRuntime writing to the file itself. ``groups``: a
-    ReplicaRuntime over the in-process group store with the file behind it (every
-    commit written there before it counts), as ``runtime: groups`` serves.
-    """
-
-    def __init__(self, script: Script, path: Path, run: Run, kind: RuntimeKind) -> None:
+    def __init__(self, script: Script, path: Path, run: Run) -> None:
         self.script = script
         self.run = run
         self.store = HeldStore(path)
         self.judge = ScriptedJudge(verdict=verdict_for)
         self.clock = ManualClock(start=1000.0)
-        config = _settings(script.schedule, kind)
+        config = _settings(script.schedule)
         registry = CohortRegistry(config, MemoryStore(config))
-        self.runtime: Runtime
-        if kind == "registry":
-            self.runtime = CohortRuntime(
-                registry, self.judge, config, clock=self.clock, store=self.store
-            )
-        else:
-            groups = LocalGroups(
-                config,
-                lease_s=config.replica_lease_s,
-                behind=self.store,
-                address=f"sqlite:///{path}",
-                clock=self.clock,
-            )
-            self.runtime = ReplicaRuntime(
-                registry, self.judge, config, shared=groups, clock=self.clock, batch_window_s=0.0
-            )
+        groups = LocalGroups(
+            config,
+            lease_s=config.replica_lease_s,
+            behind=self.store,
+            address=f"sqlite:///{path}",
+            clock=self.clock,
+        )
+        self.runtime: Runtime = ReplicaRuntime(
+            registry, self.judge, config, shared=groups, clock=self.clock, batch_window_s=0.0
+        )
         self.calls: list[asyncio.Task[None]] = []
         #: Calls that got STORE_UNAVAILABLE: the client sends them again.
         self.unavailable: list[MemberId] = []
@@ -321,17 +306,10 @@ class Process:
         for call in self.calls:
             call.cancel()
         await asyncio.gather(*self.calls, return_exceptions=True)
-        if isinstance(self.runtime, ReplicaRuntime):
-            # Its drain, with nothing reaching the file any more: what it does then is
-            # this process's memory only, which the crash throws away.
-            await self.runtime.shutdown(0)
-            await self.runtime.close()
-            return
-        tasks = list(self.runtime.judging.owned)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await SqliteStore.close(self.store)
+        # Its drain, with nothing reaching the file any more: what it does then is this
+        # process's memory only, which the crash throws away.
+        await self.runtime.shutdown(0)
+        await self.runtime.close()
 
 
 def in_file(path: Path) -> tuple[set[PassId], set[str]]:
@@ -347,9 +325,9 @@ def in_file(path: Path) -> tuple[set[PassId], set[str]]:
     return passes, tombs
 
 
-async def execute(script: Script, path: Path, kind: RuntimeKind) -> Run:
+async def execute(script: Script, path: Path) -> Run:
     run = Run()
-    process = Process(script, path, run, kind)
+    process = Process(script, path, run)
     await process.runtime.open()
     sent: list[MemberId] = []
 
@@ -368,7 +346,7 @@ async def execute(script: Script, path: Path, kind: RuntimeKind) -> Run:
             run.lost[judged] = run.lost.get(judged, 0) + 1
         run.settled |= journaled
         run.settled |= {p for p in run.calls if p[0] in tombs}
-        fresh = Process(script, path, run, kind)
+        fresh = Process(script, path, run)
         await fresh.runtime.open()
         for member in sent:
             if member not in run.answers:
@@ -423,9 +401,9 @@ async def execute(script: Script, path: Path, kind: RuntimeKind) -> Run:
     return run
 
 
-def run_script(script: Script, kind: RuntimeKind) -> Run:
+def run_script(script: Script) -> Run:
     with tempfile.TemporaryDirectory() as tmp:
-        return asyncio.run(execute(script, Path(tmp) / "state.sqlite3", kind))
+        return asyncio.run(execute(script, Path(tmp) / "state.sqlite3"))
 
 
 @settings(
@@ -434,13 +412,12 @@ def run_script(script: Script, kind: RuntimeKind) -> Run:
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@pytest.mark.parametrize("kind", RUNTIME_KINDS)
 @given(script=scripts())
 def test_crashes_anywhere_never_change_an_outcome_nor_judge_a_finished_pass_twice(
-    kind: RuntimeKind, script: Script
+    script: Script,
 ) -> None:
-    calm = run_script(script.without_crashes(), kind)
-    crashed = run_script(script, kind)
+    calm = run_script(script.without_crashes())
+    crashed = run_script(script)
 
     assert crashed.answers == calm.answers
     assert all(answer[0] in ("reward", "masked") for answer in calm.answers.values())
@@ -464,36 +441,32 @@ def _pair_script(*steps: tuple[object, ...]) -> Script:
     return Script({"g0": 2}, "after_collection", {}, [*members, *steps])
 
 
-@pytest.mark.parametrize("kind", RUNTIME_KINDS)
-def test_the_crash_model_loses_what_was_not_committed_and_keeps_what_was(
-    kind: RuntimeKind,
-) -> None:
-    """The model itself, on a group of two (passes (0, 1) and (1, 0)). The groups
-    runtime decides the second member once the first one's commit is written (the
-    group's reads wait for it): two ``commit`` steps store both members on either
-    runtime (the registry's second one finds nothing waiting)."""
+def test_the_crash_model_loses_what_was_not_committed_and_keeps_what_was() -> None:
+    """The model itself, on a group of two (passes (0, 1) and (1, 0)). The runtime
+    decides the second member once the first one's commit is written (the group's
+    reads wait for it): two ``commit`` steps store both members."""
     members = (("commit",), ("commit",))
     # Nothing committed: judging waits for the members' records, so the crash loses the
     # members (they are resent) but no judge call; each pass is judged once.
-    run = run_script(_pair_script(("judge", 0), ("crash", False)), kind)
+    run = run_script(_pair_script(("judge", 0), ("crash", False)))
     assert run.crashes == 1 and run.settled == set() and run.stored == [set()]
     assert run.lost == {}
     assert sorted(run.calls) == [("g0", 0, 1), ("g0", 1, 0)]
     # A journal commit between the judge completion and the crash: only the other pass.
-    run = run_script(_pair_script(*members, ("judge", 0), ("commit",), ("crash", False)), kind)
+    run = run_script(_pair_script(*members, ("judge", 0), ("commit",), ("crash", False)))
     assert run.settled == {("g0", 0, 1)} and run.lost == {("g0", 1, 0): 1}
     assert sorted(run.calls) == [("g0", 0, 1), ("g0", 1, 0), ("g0", 1, 0)]
-    # Both verdicts journaled. The registry writes the outcome in their batch; the groups
-    # runtime commits it once they are written, so the crash loses its batch, and the
-    # next process concludes from the journal. No judge call again either way.
+    # Both verdicts journaled. The runtime commits the outcome once they are written, so
+    # the crash loses its batch, and the next process concludes from the journal. No
+    # judge call again.
     both_judged = (*members, ("judge", 0), ("judge", 0), ("commit",))
-    run = run_script(_pair_script(*both_judged, ("crash", False)), kind)
-    assert run.stored == ([{"g0"}] if kind == "registry" else [set()])
+    run = run_script(_pair_script(*both_judged, ("crash", False)))
+    assert run.stored == [set()]
     assert run.settled == {("g0", 0, 1), ("g0", 1, 0)}
     assert run.lost == {} and sorted(run.calls) == [("g0", 0, 1), ("g0", 1, 0)]
     # The outcome committed but never acknowledged: it is in the file, the resends
     # replay it.
-    run = run_script(_pair_script(*both_judged, ("crash", True)), kind)
+    run = run_script(_pair_script(*both_judged, ("crash", True)))
     assert run.stored == [{"g0"}]
     assert run.lost == {} and sorted(run.calls) == [("g0", 0, 1), ("g0", 1, 0)]
     assert {answer[0] for answer in run.answers.values()} == {"reward"}

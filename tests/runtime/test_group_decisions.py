@@ -26,7 +26,7 @@ from genrm_grpc.store.records import StoreError
 from genrm_grpc.store.sqlite import SqliteStore
 from tests.cohort.support import sub
 
-SETTINGS = Settings(store="memory://", runtime="groups", cohort_collection_timeout_s=60.0)
+SETTINGS = Settings(store="memory://", cohort_collection_timeout_s=60.0)
 
 
 def _decisions(

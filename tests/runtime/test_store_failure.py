@@ -14,18 +14,14 @@ import pytest
 
 from genrm_grpc.cohort.model import Completed, Phase, Reason
 from genrm_grpc.cohort.records import (
-    DropCohort,
     MemberRecord,
     Record,
     Recovered,
     TombstoneRecord,
     VerdictRecord,
-    WatermarkRecord,
 )
-from genrm_grpc.cohort.registry import CohortRegistry, Disposition
-from genrm_grpc.runtime.engine import CohortRuntime
+from genrm_grpc.cohort.registry import Disposition
 from genrm_grpc.runtime.live import REWRITE_DELAY_S, CallInterrupted, Ticket
-from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.records import StoreError
 from genrm_grpc.testing import ManualClock
 
@@ -81,13 +77,6 @@ class FlakyStore:
         return None
 
 
-def runtime_over(store: FlakyStore, judge: ScriptedJudge, clock: ManualClock) -> CohortRuntime:
-    base = make_runtime(judge, clock)
-    assert isinstance(base, CohortRuntime)
-    registry = CohortRegistry(base.config, MemoryStore(base.config))  # type: ignore[arg-type]
-    return CohortRuntime(registry, judge, base.config, clock=clock, store=store)
-
-
 async def answer(ticket: Ticket) -> object:
     """What a SubmitMember call answers: the outcome, or the CallInterrupted it raised."""
     try:
@@ -102,106 +91,6 @@ async def answer(ticket: Ticket) -> object:
 
 def interrupted_by_store(got: object) -> bool:
     return isinstance(got, CallInterrupted) and got.reason is Reason.STORE_UNAVAILABLE
-
-
-async def test_an_outcome_whose_write_fails_is_written_again_every_delay_until_stored(
-    clock: ManualClock, judge: ScriptedJudge
-) -> None:
-    """Registry only: its calls get STORE_UNAVAILABLE because it decided before writing;
-    the groups runtime's calls wait for the rewrite (its version below)."""
-    store = FlakyStore()
-    rt = runtime_over(store, judge, clock)
-    calls = [asyncio.ensure_future(answer(rt.decide(sub(i)))) for i in range(3)]
-    await settle()
-    assert len(judge.calls) == 3  # circular: three passes
-    store.outcome_failures = 4  # the outcome's write and the next three retries fail
-    judge.release_all()
-    await settle()
-    # Nothing published: every waiting call gets STORE_UNAVAILABLE, no outcome.
-    assert all(call.done() for call in calls)
-    assert all(interrupted_by_store(call.result()) for call in calls)
-    assert not any(isinstance(r, TombstoneRecord) for r in store.written)
-    failed_writes = len(store.attempts)
-
-    # An identical resend meanwhile waits for the next retry, and shares its fate.
-    resend = asyncio.ensure_future(answer(rt.decide(sub(0))))
-    await settle()
-    assert not resend.done()
-    for retry in range(3):
-        await settle()
-        assert len(store.attempts) == failed_writes + retry  # nothing before the delay
-        clock.advance(REWRITE_DELAY_S)
-        await settle()
-        assert len(store.attempts) == failed_writes + retry + 1
-        # Each retry writes exactly the cohort's final records.
-        kinds = {type(record) for record in store.attempts[-1]}
-        assert kinds == {DropCohort, TombstoneRecord, WatermarkRecord}
-    assert resend.done() and interrupted_by_store(resend.result())
-    assert not any(isinstance(r, TombstoneRecord) for r in store.written)
-
-    clock.advance(REWRITE_DELAY_S)  # the fifth write succeeds
-    await settle()
-    assert len(store.attempts) == failed_writes + 4
-    assert any(isinstance(r, TombstoneRecord) for r in store.written)
-    clock.advance(10 * REWRITE_DELAY_S)  # and nothing is written after it
-    await settle()
-    assert len(store.attempts) == failed_writes + 4
-
-    replays = [rt.decide(sub(i)) for i in range(3)]
-    assert all(t.disposition is Disposition.REPLAYED for t in replays)
-    outcomes = [await answer(t) for t in replays]
-    assert all(isinstance(o, Completed) for o in outcomes)
-    assert len(judge.calls) == 3  # the replay cost no judge call
-    await rt.shutdown(0)
-    await rt.close()
-
-
-async def test_a_member_whose_write_fails_gets_store_unavailable_and_a_resend_is_stored(
-    clock: ManualClock, judge: ScriptedJudge
-) -> None:
-    store = FlakyStore()
-    rt = runtime_over(store, judge, clock)
-    first = asyncio.ensure_future(answer(rt.decide(sub(0))))
-    await settle()
-    store.failures = 1
-    second = asyncio.ensure_future(answer(rt.decide(sub(1))))
-    await settle()
-    assert second.done() and interrupted_by_store(second.result())
-    assert not first.done()  # the other member's call goes on
-    # The identical resend reattaches; it waits for a write after the failed one.
-    again = asyncio.ensure_future(answer(rt.decide(sub(1))))
-    last = asyncio.ensure_future(answer(rt.decide(sub(2))))
-    await settle()
-    judge.release_all()
-    await settle()
-    for call in (first, again, last):
-        assert call.done() and isinstance(call.result(), Completed), call.result()
-    # The resend wrote the member (and the cohort's header) that the failed write lost.
-    slots = [r.coords.rollout_index for r in store.written if isinstance(r, MemberRecord)]
-    assert sorted(set(slots)) == [0, 1, 2]
-    await rt.shutdown(0)
-    await rt.close()
-
-
-async def test_retries_stop_when_the_runtime_is_closed(
-    clock: ManualClock, judge: ScriptedJudge
-) -> None:
-    store = FlakyStore()
-    rt = runtime_over(store, judge, clock)
-    calls = [asyncio.ensure_future(answer(rt.decide(sub(i)))) for i in range(3)]
-    await settle()
-    store.failures = 1_000
-    judge.release_all()
-    await settle()
-    assert all(interrupted_by_store(call.result()) for call in calls)
-    clock.advance(REWRITE_DELAY_S)
-    await settle()
-    await rt.shutdown(0)
-    await rt.close()
-    attempts = len(store.attempts)
-    clock.advance(100 * REWRITE_DELAY_S)
-    await settle()
-    assert len(store.attempts) <= attempts + 1  # at most the retry already scheduled
 
 
 class HeldStore(FlakyStore):
@@ -225,70 +114,14 @@ class HeldStore(FlakyStore):
         self.held.clear()
 
 
-async def test_a_cohort_is_judged_only_once_the_write_that_completed_it_is_stored(
-    clock: ManualClock, judge: ScriptedJudge
-) -> None:
-    store = HeldStore()
-    rt = runtime_over(store, judge, clock)
-    calls = [asyncio.ensure_future(answer(rt.decide(sub(k)))) for k in range(3)]
-    await settle()
-    # Complete in memory, but a restart would not see its members yet: no judge call.
-    assert store.held and judge.calls == []
-    store.commit()
-    await settle()
-    assert len(judge.calls) == 3  # circular: 3 passes
-    judge.release_all()
-    await settle()
-    store.commit()  # the verdicts and the outcome
-    await settle()
-    assert all(isinstance(call.result(), Completed) for call in calls)
-    await rt.shutdown(0)
-    await rt.close()
+# The runtime (docs/architecture.md, "Time, failed writes, tests") writes first and holds
+# nothing of a decision until it is written: the call whose commit failed gets
+# STORE_UNAVAILABLE and the group stays as it was, and an evaluation's end is committed
+# again every REWRITE_DELAY_S while its lease holds.
 
 
-async def test_a_completing_member_whose_write_fails_is_written_again_before_judging(
-    clock: ManualClock, judge: ScriptedJudge
-) -> None:
-    """Registry only: the groups runtime holds nothing of a failed commit, so there is
-    nothing to write again; the member's resend completes the group (its version below)."""
-    store = FlakyStore()
-    rt = runtime_over(store, judge, clock)
-    first = [asyncio.ensure_future(answer(rt.decide(sub(k)))) for k in range(2)]
-    await settle()
-    store.failures = 2
-    last = asyncio.ensure_future(answer(rt.decide(sub(2))))
-    await settle()
-    assert last.done() and interrupted_by_store(last.result())
-    assert judge.calls == [] and not any(call.done() for call in first)
-    clock.advance(REWRITE_DELAY_S)  # the cohort's records again: that write fails too
-    await settle()
-    assert judge.calls == []
-    clock.advance(REWRITE_DELAY_S)  # stored now: judging starts
-    await settle()
-    assert len(judge.calls) == 3
-    slots = [r.coords.rollout_index for r in store.written if isinstance(r, MemberRecord)]
-    assert sorted(set(slots)) == [0, 1, 2]
-    judge.release_all()
-    await settle()
-    assert all(isinstance(call.result(), Completed) for call in first)
-    await rt.shutdown(0)
-    await rt.close()
-
-
-# ---------------------------------------------------------------- the groups runtime
-#
-# The tests above pin the registry runtime's write queue: it decides in memory first,
-# so a failed write interrupts the calls that depended on it and is written again.
-# The groups runtime (docs/architecture.md, "How the two runtimes differ on a failed
-# write") writes first and holds nothing of a decision until it is written: the call
-# whose commit failed gets STORE_UNAVAILABLE and the group stays as it was, and an
-# evaluation's end is committed again every REWRITE_DELAY_S while its lease holds. The
-# same scenarios, on it (a registry test's docstring says where its groups version
-# differs by design):
-
-
-async def groups_over(store: FlakyStore, judge: ScriptedJudge, clock: ManualClock) -> Runtime:
-    made = make_runtime(judge, clock, kind="groups", behind=store)
+async def runtime_over(store: FlakyStore, judge: ScriptedJudge, clock: ManualClock) -> Runtime:
+    made = make_runtime(judge, clock, behind=store)
     return await open_runtime(made)
 
 
@@ -306,13 +139,13 @@ async def _judged_with_every_member_written(
     assert sorted(set(slots)) == [0, 1, 2]
 
 
-async def test_groups_an_outcome_whose_commit_fails_is_committed_again_every_delay(
+async def test_an_outcome_whose_commit_fails_is_committed_again_every_delay(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     """Nothing is answered meanwhile (the cohort has not ended until it is written):
     the waiting calls get the outcome once a retry is stored, not STORE_UNAVAILABLE."""
     store = FlakyStore()
-    rt = await groups_over(store, judge, clock)
+    rt = await runtime_over(store, judge, clock)
     calls = [asyncio.ensure_future(answer(await rt.submit(sub(i)))) for i in range(3)]
     await settle()
     assert len(judge.calls) == 3
@@ -342,11 +175,11 @@ async def test_groups_an_outcome_whose_commit_fails_is_committed_again_every_del
     await close_runtime(rt)
 
 
-async def test_groups_a_member_whose_commit_fails_gets_store_unavailable_and_a_resend_counts(
+async def test_a_member_whose_commit_fails_gets_store_unavailable_and_a_resend_counts(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     store = FlakyStore()
-    rt = await groups_over(store, judge, clock)
+    rt = await runtime_over(store, judge, clock)
     first = asyncio.ensure_future(answer(await rt.submit(sub(0))))
     store.failures = 1
     with pytest.raises(CallInterrupted) as lost:
@@ -359,11 +192,11 @@ async def test_groups_a_member_whose_commit_fails_gets_store_unavailable_and_a_r
     await close_runtime(rt)
 
 
-async def test_groups_a_cohort_is_judged_only_once_the_commit_that_completed_it_is_stored(
+async def test_a_cohort_is_judged_only_once_the_commit_that_completed_it_is_stored(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     store = HeldStore()
-    rt = await groups_over(store, judge, clock)
+    rt = await runtime_over(store, judge, clock)
     submits = [asyncio.ensure_future(rt.submit(sub(k))) for k in range(3)]
     await settle()
     assert store.held and judge.calls == []
@@ -380,13 +213,13 @@ async def test_groups_a_cohort_is_judged_only_once_the_commit_that_completed_it_
     await close_runtime(rt)
 
 
-async def test_groups_a_completing_member_whose_commit_fails_leaves_the_group_collecting(
+async def test_a_completing_member_whose_commit_fails_leaves_the_group_collecting(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     """Nothing of the failed commit is held, so nothing is written again and nothing is
     judged: the group waits, as it was, for the member's resend, which completes it."""
     store = FlakyStore()
-    rt = await groups_over(store, judge, clock)
+    rt = await runtime_over(store, judge, clock)
     first = [asyncio.ensure_future(answer(await rt.submit(sub(k)))) for k in range(2)]
     store.failures = 1
     with pytest.raises(CallInterrupted) as lost:
@@ -403,14 +236,14 @@ async def test_groups_a_completing_member_whose_commit_fails_leaves_the_group_co
     await close_runtime(rt)
 
 
-async def test_groups_retries_of_an_outcome_stop_when_the_runtime_is_stopped(
+async def test_retries_of_an_outcome_stop_when_the_runtime_is_stopped(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
     """Its evaluation is this process's task: the drain cancels it with its rewrites, and
     the waiting calls are told to resend once the server is back (the file keeps the
     cohort, evaluating, for the next process)."""
     store = FlakyStore()
-    rt = await groups_over(store, judge, clock)
+    rt = await runtime_over(store, judge, clock)
     calls = [asyncio.ensure_future(answer(await rt.submit(sub(i)))) for i in range(3)]
     await until(lambda: len(judge.calls) == 3)
     store.failures = 1_000

@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from genrm_grpc.config import ConfigError, load_settings
+from genrm_grpc.runtime.live import Census
 from genrm_grpc.server.errors import DOMAIN
 from genrm_grpc.server.security import TokenAuthInterceptor
 
@@ -71,7 +72,7 @@ async def test_calls_without_a_valid_token_are_unauthenticated_with_error_info(
         with pytest.raises(grpc.RpcError) as caught:
             await cohorts.GetCohort(pb.GetCohortRequest(), timeout=10)
         assert rpc_code(caught.value) == grpc.StatusCode.UNAUTHENTICATED
-    assert server.registry.active_count() == 0  # nothing reached the servicer
+    assert await server.runtime.refresh_census() == Census()  # nothing reached the servicer
     logged = caplog.text
     assert "unauthenticated call refused" in logged
     assert not any(secret in logged for secret in (*TOKENS, "wrong-guess"))

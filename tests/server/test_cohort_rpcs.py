@@ -200,7 +200,6 @@ STOP_WORDS = {
     "memory": "shutting down",
     "sqlite": "kept in its store",
     "redis": "goes on in the shared store",
-    "groups": "kept in its store",
 }
 
 

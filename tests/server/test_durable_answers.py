@@ -18,15 +18,13 @@ import pytest
 from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm_cohort_client import CohortClient
 
-from genrm_grpc.cohort.model import CohortKey, Tombstone
 from genrm_grpc.server.app import CohortServer
 from genrm_grpc.testing import FakeJudgeServer
 from tests.server.conftest import StartServer
 
-# The tests hold a SQLite file's write lock: they belong to that store alone. The
-# registry's runtime holds a decision in memory while it is written, the groups runtime
-# holds nothing until it is written: one test each.
-pytestmark = pytest.mark.stores("sqlite", "groups")
+# The tests hold a SQLite file's write lock: they belong to that store alone. The runtime
+# holds nothing of a decision until it is written.
+pytestmark = pytest.mark.stores("sqlite")
 
 PROMPT = pb.Prompt(messages=[pb.ChatMessage(role="user", content="Name a prime number.")])
 
@@ -68,37 +66,6 @@ async def _judging_a_group(
     return server, client, group
 
 
-@pytest.mark.stores("sqlite")
-async def test_a_stream_waits_for_a_replay_whose_outcome_is_still_being_written(
-    start_server: StartServer, fake_judge: FakeJudgeServer, tmp_path: Path
-) -> None:
-    store = tmp_path / "held.sqlite3"
-    server, client, group = await _judging_a_group(start_server, fake_judge, store)
-    key = CohortKey("held", None, 0)
-    resend = client.stub.StreamGroups()  # a second stream that holds nothing else
-    with _write_lock(store):
-        # The judge goes away: the hung passes fail and the group is complete (masked)
-        # in memory, but its outcome's records wait for the lock.
-        await asyncio.to_thread(fake_judge.stop)
-        for _ in range(3000):  # up to 30 s
-            if isinstance(server.registry.lookup(key, server.runtime.now()), Tombstone):
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the group was never judged")
-        await resend.write(_request(0))  # a replay of an outcome not yet written
-        await resend.done_writing()
-        await asyncio.sleep(0.2)  # nothing may be answered while the writer is held back
-        assert not group.done() and not resend.done()
-    first = [e async for e in group]
-    kinds = [e.WhichOneof("event") for e in first]
-    assert kinds.count("accepted") == 2 and kinds.count("result") == 2, kinds
-    second = [e async for e in resend]
-    assert [e.WhichOneof("event") for e in second] == ["accepted", "result"]
-    assert second[1].result.replayed and second[1].result.member.rollout_index == 0
-
-
-@pytest.mark.stores("groups")
 async def test_an_outcome_the_file_cannot_take_yet_is_answered_once_it_is_written(
     start_server: StartServer, fake_judge: FakeJudgeServer, tmp_path: Path
 ) -> None:

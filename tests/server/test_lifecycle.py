@@ -114,7 +114,7 @@ async def _evaluating_and_collecting(cohorts: Any) -> tuple[Any, Any]:
     return evaluating, collecting
 
 
-@pytest.mark.stores("sqlite", "groups")
+@pytest.mark.stores("sqlite")
 async def test_sigterm_drains_keeps_collecting_cohorts_for_the_next_process_and_exits_zero(
     server_process: Any,
 ) -> None:
@@ -167,7 +167,7 @@ async def test_sigterm_drains_keeps_collecting_cohorts_for_the_next_process_and_
     assert '"msg": "draining"' in log and '"msg": "stopped"' in log
 
 
-@pytest.mark.stores("sqlite", "groups")
+@pytest.mark.stores("sqlite")
 async def test_a_second_sigterm_during_the_drain_ends_the_grace_and_exits_zero(
     server_process: Any,
 ) -> None:

@@ -94,48 +94,10 @@ async def _refused_for_the_store(client: CohortClient) -> None:
 
 
 @pytest.mark.stores("sqlite")
-async def test_a_failing_disk_fails_the_call_judges_nothing_and_recovers_by_rewriting(
-    start_server: StartServer, fake_judge: FakeJudgeServer
-) -> None:
-    server, client = await start_server(genrm_parse_retries=0)
-    store = server.runtime.store
-    assert isinstance(store, SqliteStore)
-    path = store.path.resolve()
-    tombstones = "SELECT count(*) FROM tombstones"
-
-    def submit(k: int) -> asyncio.Future[pb.MemberResult]:
-        return asyncio.ensure_future(client.submit_member(_ref(k), PROMPT, _answer(k), timeout=60))
-
-    first = [submit(k) for k in range(SIZE - 1)]
-    await _until(lambda: _count(path, "SELECT count(*) FROM members") == SIZE - 1)
-
-    with failing_disk(path):
-        # The last member freezes the group, but its own write fails: its call gets
-        # STORE_UNAVAILABLE, and nothing is judged from a state the store does not hold.
-        await _refused_for_the_store(client)
-        # The cohort's records are written again every REWRITE_DELAY_S; those fail too.
-        await _until(lambda: server.runtime.stats()["store_failures"] >= 3)
-        assert fake_judge.stats()["total"] == 0
-        assert not any(call.done() for call in first)
-        assert _count(path, tombstones) == 0
-
-    # The disk recovers: the next rewrite stores the group, which is judged and published
-    # to the members that kept waiting; the failed member's resend replays the outcome.
-    results = await asyncio.gather(*first)
-    assert all(not r.replayed and not r.mask_sample for r in results)
-    last = await client.submit_member(_ref(SIZE - 1), PROMPT, _answer(SIZE - 1), timeout=60)
-    assert last.replayed and not last.mask_sample
-    assert len({r.reward for r in [*results, last]}) > 1
-    assert fake_judge.stats()["total"] == SIZE  # each pass judged once
-    await _until(lambda: _count(path, tombstones) == 1)
-    assert _count(path, "SELECT count(*) FROM members") == 0
-
-
-@pytest.mark.stores("groups")
 async def test_a_failing_disk_fails_the_member_it_cannot_write_and_its_resend_goes_on(
     start_server: StartServer, fake_judge: FakeJudgeServer
 ) -> None:
-    """Under the groups runtime nothing is held that the file lacks: the member whose
+    """Nothing is held that the file lacks: the member whose
     commit fails is not in the group at all, so its resend after the disk recovers is
     what completes the group (and nothing was judged meanwhile)."""
     server, client = await start_server(genrm_parse_retries=0)

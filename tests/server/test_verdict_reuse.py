@@ -88,7 +88,7 @@ async def test_a_masked_attempt_resent_with_the_same_answers_reuses_every_finish
     assert f"genrm_judge_passes_reused_total {float(journaled)}" in exposition
 
 
-@pytest.mark.stores("sqlite", "groups")
+@pytest.mark.stores("sqlite")
 async def test_identical_answers_in_a_new_attempt_need_no_judge_call_on_the_file_store(
     start_server: StartServer, fake_judge: FakeJudgeServer
 ) -> None:

@@ -1150,8 +1150,8 @@ class SoakReport:
         for name in ("live_cohorts", "active_cohorts", "waiters", "owned_tasks", "judge_in_flight"):
             if self.runtime_stats.get(name, 0) != 0:
                 out.append(f"runtime.stats()[{name!r}] = {self.runtime_stats[name]} after the soak")
-        if self.store_counts.get("active_member_sets", 0):
-            out.append(f"store still holds member sets: {self.store_counts}")
+        if self.store_counts.get("active_cohorts", 0):
+            out.append(f"store still holds active cohorts: {self.store_counts}")
         for name, count in self.leftover_objects.items():
             if count:
                 out.append(f"{count} {name} objects (answer bodies) still alive after the soak")
@@ -1410,15 +1410,20 @@ async def _run(
         report.seconds = time.perf_counter() - started
         await server.runtime.drain_tasks()
         report.runtime_stats = server.runtime.stats()
-        report.store_counts = dict(server.registry.store.counts())
-        now = server.runtime.now()
+        census = await server.runtime.refresh_census()
+        report.store_counts = {
+            "active_cohorts": census.collecting + census.evaluating,
+            "tombstones": census.tombstones,
+            "watermarks": census.watermarks,
+        }
         for gid, principal, attempts in retained:
             for attempt in attempts:
-                tomb = server.registry.store.tombstone(
-                    cohort_model.CohortKey(gid, None, attempt, principal), now
-                )
-                if tomb is None:
+                key = cohort_model.CohortKey(gid, None, attempt, principal)
+                held = await server.runtime.shared.load(key)
+                found = [t.tombstone for t in held.recovered.tombstones if t.tombstone.key == key]
+                if not found:
                     continue
+                tomb = found[0]
                 report.tombstones_checked += 1
                 leaked = [s for s in walk_strings(tomb) if MARKER in s]
                 if leaked:

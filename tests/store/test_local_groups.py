@@ -25,9 +25,7 @@ from genrm_grpc.testing import ManualClock
 from tests.cohort.support import sub
 from tests.store.samples import decide_on
 
-SETTINGS = Settings(
-    store="memory://", runtime="groups", cohort_collection_timeout_s=60.0, max_terminal_cohorts=2
-)
+SETTINGS = Settings(store="memory://", cohort_collection_timeout_s=60.0, max_terminal_cohorts=2)
 
 
 def _decide(state: GroupState) -> tuple[CohortRegistry, float]:

@@ -73,7 +73,7 @@ async def deployment(request: pytest.FixtureRequest) -> AsyncIterator[Make]:
         if request.param == "redis":
             runtime = await _runtime(request.getfixturevalue("redis_url"), judge, **config)
         else:
-            settings = Settings(store="memory://", runtime="groups", **config)  # type: ignore[arg-type]
+            settings = Settings(store="memory://", **config)  # type: ignore[arg-type]
             shared = LocalGroups(settings, lease_s=10, shared_with=local[0] if local else None)
             local.append(shared)
             runtime = ReplicaRuntime(
@@ -311,7 +311,7 @@ async def test_a_one_member_group_is_scored_in_the_commit_that_froze_it(
 
 
 async def test_a_stop_on_a_store_nothing_outlives_fails_the_cohorts_as_memory_promises() -> None:
-    settings = Settings(store="memory://", runtime="groups")
+    settings = Settings(store="memory://")
     runtime = ReplicaRuntime(
         CohortRegistry(settings, MemoryStore(settings)),
         InstantJudge(),

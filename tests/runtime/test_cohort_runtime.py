@@ -30,7 +30,6 @@ from genrm_grpc.cohort.model import (
 from genrm_grpc.cohort.registry import Disposition
 from genrm_grpc.judge.client import JudgeFailedError
 from genrm_grpc.runtime.live import CallInterrupted, PairProgress, Ticket
-from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring import aggregate, judge_passes
 from genrm_grpc.scoring.types import (
     AnswerTexts,
@@ -88,8 +87,8 @@ def done(ticket: Ticket) -> bool:
 
 
 async def cohort_of(runtime: Runtime, **kw: Any) -> Cohort:
-    """The active cohort of ``sub(0, **kw)``: the live one on ``registry``, a copy on
-    ``groups`` (read its phase again with ``phase_of``)."""
+    """The active cohort of ``sub(0, **kw)``: a copy read from the store (read its phase
+    again with ``phase_of``)."""
     cohort = await lookup(runtime, sub(0, **kw).key)
     assert isinstance(cohort, Cohort), cohort
     return cohort
@@ -100,29 +99,22 @@ async def fill(runtime: Runtime, size: int = 3, **kw: Any) -> list[Ticket]:
 
 
 async def assert_ended(runtime: Runtime, cohort: Cohort, outcome: Outcome, phase: Phase) -> None:
-    """``cohort`` ended with ``outcome``: the very object on ``registry``; on ``groups``
-    (where ``cohort`` is a copy) its tombstone's, by value."""
+    """``cohort`` (a copy read from the store) ended with ``outcome``: its tombstone's,
+    compared by value."""
     assert await phase_of(runtime, cohort.key) is phase
-    if isinstance(runtime, ReplicaRuntime):
-        found = await lookup(runtime, cohort.key)
-        assert isinstance(found, Tombstone) and found.outcome == outcome, found
-    else:
-        assert cohort.outcome is outcome and cohort.phase is phase
+    found = await lookup(runtime, cohort.key)
+    assert isinstance(found, Tombstone) and found.outcome == outcome, found
 
 
-def deadline_timers(runtime: Runtime, clock: ManualClock) -> int:
-    """Deadline timers still armed (``groups``: the store's; its sweeps' are not)."""
-    if isinstance(runtime, ReplicaRuntime):
-        assert isinstance(runtime.shared, LocalGroups)
-        return runtime.shared.state.deadline_timers()
-    return clock.pending()
+def deadline_timers(runtime: Runtime) -> int:
+    """Deadline timers still armed in the in-process store (its sweeps' are not)."""
+    assert isinstance(runtime.shared, LocalGroups)
+    return runtime.shared.state.deadline_timers()
 
 
 def active_count(runtime: Runtime) -> int:
-    if isinstance(runtime, ReplicaRuntime):
-        assert isinstance(runtime.shared, LocalGroups)
-        return runtime.shared.state.active_total
-    return runtime.registry.active_count()
+    assert isinstance(runtime.shared, LocalGroups)
+    return runtime.shared.state.active_total
 
 
 def index_of(answer: str) -> int:
@@ -365,7 +357,7 @@ async def test_the_collection_deadline_racing_the_last_member_gives_one_disposit
     assert isinstance(outcomes[0], Failed) and outcomes[1] is outcomes[0]
     assert "2/3 members; missing rollout_index: 2" in outcomes[0].reason
     clock.fire_due()  # the timer now runs late: a no-op
-    assert deadline_timers(rt, clock) == 0
+    assert deadline_timers(rt) == 0
     await assert_ended(rt, cohort, outcomes[0], Phase.FAILED)
     await settle()
     assert judge.calls == []
@@ -619,18 +611,12 @@ async def test_shutdown_with_the_grace_expired_fails_everything_and_drains_tasks
         outcome = outcome_now(ticket)
         assert isinstance(outcome, Failed) and outcome.reason == "server is shutting down"
     assert [c.state for c in judge.calls] == ["done", "cancelled", "cancelled"]
-    if isinstance(rt, ReplicaRuntime):
-        # By design a stopped replica decides nothing (no decision of it could be
-        # waited for): every later member is interrupted, saying nothing resumes.
-        for late in (sub(0, gid="new"), sub(0, gid="e")):
-            with pytest.raises(CallInterrupted, match="keeps nothing") as stopped:
-                await rt.submit(late)
-            assert stopped.value.reason is Reason.SHUTTING_DOWN
-    else:
-        rejected(await rt.submit(sub(0, gid="new")), Reason.SHUTTING_DOWN)
-        assert "server is shutting down" in rejected(
-            await rt.submit(sub(0, gid="e")), Reason.COHORT_FAILED
-        )
+    # By design a stopped replica decides nothing (no decision of it could be
+    # waited for): every later member is interrupted, saying nothing resumes.
+    for late in (sub(0, gid="new"), sub(0, gid="e")):
+        with pytest.raises(CallInterrupted, match="keeps nothing") as stopped:
+            await rt.submit(late)
+        assert stopped.value.reason is Reason.SHUTTING_DOWN
     await assert_no_leaks(rt, judge=judge, cohorts=cohorts)
 
 
@@ -843,17 +829,16 @@ async def test_a_group_of_one_is_scored_within_its_submission_with_no_task_or_ti
 ) -> None:
     """Nothing to judge: the outcome is there when ``submit`` returns (hot path).
 
-    On ``groups`` the decision itself is a task (read, decide, commit), which has
-    ended by the next loop turn; it starts no other.
+    The decision itself is a task (read, decide, commit), which has ended by the next
+    loop turn; it starts no other.
     """
     rt = await make(judge, clock)
     ticket = accepted(await rt.submit(sub(0, size=1)))
     assert ticket.waiter is not None and ticket.waiter.future.done()
     assert isinstance(ticket.waiter.future.result(), Completed)
-    if isinstance(rt, ReplicaRuntime):
-        await asyncio.sleep(0)
+    await asyncio.sleep(0)
     assert rt.stats()["owned_tasks"] == 0 and rt.stats()["live_cohorts"] == 0
-    assert deadline_timers(rt, clock) == 0  # no collection or evaluation timer left
+    assert deadline_timers(rt) == 0  # no collection or evaluation timer left
     ticket.waiter.release()
     await assert_no_leaks(rt, judge=judge)
 
@@ -993,11 +978,8 @@ async def test_the_census_follows_each_cohort_through_its_phases_without_walking
     def walked() -> list[Cohort]:
         raise AssertionError("a scrape must not walk every active cohort")
 
-    # What a census could walk: the registry's cohorts, or the group store's.
-    if isinstance(rt, ReplicaRuntime):
-        monkeypatch.setattr(rt.shared, "active_keys", walked)
-    else:
-        monkeypatch.setattr(rt.registry, "active_cohorts", walked)
+    # What a census could walk: the group store's cohorts.
+    monkeypatch.setattr(rt.shared, "active_keys", walked)
 
     async def phases() -> tuple[int, int]:
         census = await rt.refresh_census()
@@ -1017,4 +999,4 @@ async def test_the_census_follows_each_cohort_through_its_phases_without_walking
     assert await rt.cancel_cohort(sub(0, gid="b").key, "test over")
     assert await phases() == (0, 0)
     assert (await rt.refresh_census()).tombstones == 2
-    monkeypatch.undo()  # (a groups runtime's stop walks the store's keys)
+    monkeypatch.undo()  # (the runtime's stop walks the store's keys)

@@ -3,16 +3,13 @@
 ``memory://`` keeps nothing across a restart: of a cohort's records it uses only those
 that end it (tombstone and drops, for its verdict index). The registry builds the
 records of active cohorts (headers, members, attempt watermarks) under one switch,
-``journal_active``, which the registry runtime sets from ``store.survives_restart`` (the
-groups runtime writes nothing without a file behind its group store). What a restart
-reads back of a file is pinned on both runtimes.
+``journal_active``; the runtime writes nothing without a file behind its group store.
+What a restart reads back of a file is pinned here.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
 
 from genrm_grpc.cohort.records import (
     CohortRecord,
@@ -23,16 +20,12 @@ from genrm_grpc.cohort.records import (
     WatermarkRecord,
 )
 from genrm_grpc.cohort.registry import CohortRegistry
-from genrm_grpc.config import Settings
-from genrm_grpc.runtime.engine import CohortRuntime
-from genrm_grpc.store.durable import MemoryDurable
-from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import ManualClock
 from tests.cohort.support import T0, completed, registry
 from tests.cohort.support import sub as member
 
-from .support import RUNTIME_KINDS, Runtime, RuntimeKind, ScriptedJudge, make_runtime
+from .support import Runtime, ScriptedJudge, make_runtime
 
 
 def _one_group(reg: CohortRegistry) -> list[Record]:
@@ -71,17 +64,9 @@ def test_with_active_journaling_a_group_writes_its_header_members_and_watermark(
     ]
 
 
-def _runtime(store: MemoryDurable | SqliteStore) -> CohortRuntime:
-    settings = Settings(default_principle="")
-    reg = CohortRegistry(settings, MemoryStore(settings))
-    return CohortRuntime(reg, ScriptedJudge(), settings, clock=ManualClock(), store=store)
-
-
-def _over_file(path: Path, kind: RuntimeKind) -> Runtime:
-    """A runtime of ``kind`` over the SQLite file at ``path`` (not opened yet)."""
-    if kind == "registry":
-        return _runtime(SqliteStore(path))
-    return make_runtime(ScriptedJudge(), ManualClock(), kind="groups", behind=SqliteStore(path))
+def _over_file(path: Path) -> Runtime:
+    """A runtime over the SQLite file at ``path`` (not opened yet)."""
+    return make_runtime(ScriptedJudge(), ManualClock(), behind=SqliteStore(path))
 
 
 async def _stop(runtime: Runtime) -> None:
@@ -89,22 +74,9 @@ async def _stop(runtime: Runtime) -> None:
     await runtime.close()
 
 
-async def test_the_runtime_turns_active_journaling_off_for_memory() -> None:
-    runtime = _runtime(MemoryDurable())
-    assert not runtime.registry.journal_active
-
-
-async def test_the_runtime_keeps_active_journaling_for_a_file(tmp_path: Path) -> None:
-    runtime = _runtime(SqliteStore(tmp_path / "state.sqlite3"))
-    assert runtime.registry.journal_active
-
-
-@pytest.mark.parametrize("kind", RUNTIME_KINDS)
-async def test_a_restart_finds_the_member_of_an_active_cohort_in_the_file(
-    tmp_path: Path, kind: RuntimeKind
-) -> None:
+async def test_a_restart_finds_the_member_of_an_active_cohort_in_the_file(tmp_path: Path) -> None:
     path = tmp_path / "state.sqlite3"
-    runtime = _over_file(path, kind)
+    runtime = _over_file(path)
     await runtime.open()
     ticket = await runtime.submit(member(0))
     await ticket.persisted()
@@ -119,12 +91,9 @@ async def test_a_restart_finds_the_member_of_an_active_cohort_in_the_file(
     assert [w.scope for w in recovered.watermarks] == [member(0).key.group_scope]
 
 
-@pytest.mark.parametrize("kind", RUNTIME_KINDS)
-async def test_a_restart_counts_the_cohorts_it_restores_by_phase(
-    tmp_path: Path, kind: RuntimeKind
-) -> None:
+async def test_a_restart_counts_the_cohorts_it_restores_by_phase(tmp_path: Path) -> None:
     path = tmp_path / "state.sqlite3"
-    runtime = _over_file(path, kind)
+    runtime = _over_file(path)
     await runtime.open()
     for i in range(3):  # frozen: its evaluation waits on the scripted judge
         await (await runtime.submit(member(i, gid="full"))).persisted()
@@ -133,7 +102,7 @@ async def test_a_restart_counts_the_cohorts_it_restores_by_phase(
     assert (census.collecting, census.evaluating) == (1, 1)
     await _stop(runtime)
 
-    again = _over_file(path, kind)
+    again = _over_file(path)
     assert await again.open() == 2
     census = await again.refresh_census()
     assert (census.collecting, census.evaluating) == (1, 1)

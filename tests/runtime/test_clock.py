@@ -1,4 +1,4 @@
-"""Time in the groups runtime is its clock: deadlines are the in-process store's timers
+"""Time in the runtime is its clock: deadlines are the in-process store's timers
 (no sweep polls for them); leases count in the store's lease clock (the same one unless
 a test gives another; the loop's monotonic clock in service). A ManualClock drives it."""
 
@@ -27,21 +27,14 @@ from .support import (
 )
 
 
-async def _groups(judge: ScriptedJudge, clock: ManualClock) -> ReplicaRuntime:
-    return await _groups_opened(make_runtime(judge, clock, kind="groups"))
-
-
-async def _groups_opened(made: object) -> ReplicaRuntime:
-    assert isinstance(made, ReplicaRuntime)
-    runtime = await open_runtime(made)
-    assert isinstance(runtime, ReplicaRuntime)
-    return runtime
+async def _opened(judge: ScriptedJudge, clock: ManualClock) -> ReplicaRuntime:
+    return await open_runtime(make_runtime(judge, clock))
 
 
 async def test_a_collection_deadline_fires_at_the_deadline_and_not_before(
     clock: ManualClock, judge: ScriptedJudge
 ) -> None:
-    rt = await _groups(judge, clock)
+    rt = await _opened(judge, clock)
     try:
         ticket = await rt.submit(sub(0))
         assert ticket.disposition is Disposition.ACCEPTED and ticket.waiter is not None
@@ -61,7 +54,7 @@ async def test_a_frozen_cohort_keeps_one_timer_at_its_evaluation_deadline(
 ) -> None:
     """The collection deadline's timer goes when the cohort freezes: passing it ends
     nothing, and the evaluation deadline still fires on time."""
-    rt = await _groups(judge, clock)
+    rt = await _opened(judge, clock)
     try:
         await advance(clock, 10)
         tickets = [await rt.submit(sub(i)) for i in range(3)]
@@ -83,7 +76,7 @@ async def test_an_ended_cohort_leaves_no_deadline_timer_and_its_deadline_asks_no
     clock: ManualClock,
 ) -> None:
     judge = ScriptedJudge(auto=True)
-    rt = await _groups(judge, clock)
+    rt = await _opened(judge, clock)
     try:
         tickets = [await rt.submit(sub(i)) for i in range(3)]
         assert tickets[0].waiter is not None
@@ -100,7 +93,7 @@ async def test_an_ended_cohort_leaves_no_deadline_timer_and_its_deadline_asks_no
 
 async def test_an_evaluation_lease_expires_on_the_stores_clock() -> None:
     clock = ManualClock()
-    settings = Settings(store="memory://", runtime="groups")
+    settings = Settings(store="memory://")
     groups = LocalGroups(settings, lease_s=10, clock=clock)
     key = sub(0).key
     lease = await groups.claim(key)
@@ -125,13 +118,12 @@ async def test_a_step_of_the_wall_clock_does_not_take_over_a_running_evaluation(
     made = make_runtime(
         judge,
         clock,
-        kind="groups",
         lease_clock=lease_clock,
         collection_s=1000,
         evaluation_s=1000,
         replica_lease_s=10,
     )
-    rt = await _groups_opened(made)
+    rt = await open_runtime(made)
     try:
         tickets = [await rt.submit(sub(i)) for i in range(3)]
         await until(lambda: len(judge.calls) == 3)
