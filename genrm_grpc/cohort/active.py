@@ -23,7 +23,6 @@ class ActiveCohorts:
         "_by_principal",
         "_elsewhere",
         "_elsewhere_by_principal",
-        "_frozen",
     )
 
     def __init__(self) -> None:
@@ -32,9 +31,6 @@ class ActiveCohorts:
         self._by_principal: dict[str, int] = {}
         self._elsewhere = 0
         self._elsewhere_by_principal: dict[str, int] = {}
-        #: How many cohorts held are frozen (EVALUATING: ``fill`` gave them a snapshot),
-        #: kept as they come and go, so that the gauges do not walk every cohort.
-        self._frozen = 0
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -60,24 +56,12 @@ class ActiveCohorts:
         scope = key.group_scope
         if scope is not None:
             self._by_group.setdefault(scope, {})[key.attempt] = cohort
-        if cohort.snapshot is not None:
-            self._frozen += 1
-
-    def froze(self) -> None:
-        """A cohort held here has just been filled (entered EVALUATING)."""
-        self._frozen += 1
-
-    def evaluating(self) -> int:
-        """How many of the cohorts held are frozen (the rest are collecting)."""
-        return self._frozen
 
     def remove(self, cohort: Cohort) -> None:
         """Forget ``cohort`` in every index (nothing happens when it is not held)."""
         key = cohort.key
         held = self._by_key.pop(key, None)
         if held is not None:
-            if held.snapshot is not None:  # the registry drops it only after this
-                self._frozen -= 1
             left = self._by_principal[key.principal] - 1
             if left:
                 self._by_principal[key.principal] = left
@@ -89,15 +73,6 @@ class ActiveCohorts:
             attempts.pop(key.attempt, None)
             if not attempts:
                 del self._by_group[scope]
-
-    def clear(self) -> list[Cohort]:
-        """Forget every cohort; returns them."""
-        held = list(self._by_key.values())
-        self._by_key.clear()
-        self._by_group.clear()
-        self._by_principal.clear()
-        self._frozen = 0
-        return held
 
     def count_elsewhere(self, total: int, by_principal: Mapping[str, int]) -> None:
         self._elsewhere = total

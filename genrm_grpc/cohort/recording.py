@@ -8,7 +8,6 @@ when a record is written; these functions say what it holds.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from genrm_grpc.cohort.model import (
@@ -21,12 +20,10 @@ from genrm_grpc.cohort.model import (
 )
 from genrm_grpc.cohort.records import (
     CohortRecord,
-    CohortStore,
     DropCohort,
     MemberRecord,
     Record,
     RecoveredCohort,
-    TombstoneRecord,
     WatermarkRecord,
 )
 
@@ -73,12 +70,6 @@ def restored_cohort(entry: RecoveredCohort, offset: float) -> Cohort:
     )
 
 
-def active_records(cohort: Cohort, offset: float) -> list[Record]:
-    """An active cohort's header and members, as records."""
-    members = (member_record(cohort.key, m) for m in cohort.members.values())
-    return [cohort_record(cohort, offset), *members]
-
-
 def tombstone_of(
     cohort: Cohort, digests: Mapping[int, str], outcome: Outcome, finished_at: float
 ) -> Tombstone:
@@ -91,24 +82,6 @@ def tombstone_of(
         outcome=outcome,
         finished_at=finished_at,
     )
-
-
-def final_records(
-    key: CohortKey, store: CohortStore, result_ttl_s: float, offset: float
-) -> list[Record]:
-    """The records that ended the cohort under ``key``, from what ``store`` retains:
-    its drop, its tombstone and its group's watermark (whatever their age)."""
-    tomb = store.tombstone(key, -math.inf)
-    records: list[Record] = [DropCohort(key, keep_verdicts=tomb is not None)]
-    if tomb is not None:
-        records.append(TombstoneRecord(tomb, tomb.finished_at + result_ttl_s))
-    scope = key.group_scope
-    if scope is not None:
-        attempt = store.watermark(scope, -math.inf)
-        if attempt is not None:
-            expires = tomb.finished_at if tomb is not None else offset
-            records.append(WatermarkRecord(scope, attempt, expires + result_ttl_s))
-    return records
 
 
 #: What a registry that defers its records writes: a cohort stands for its header,

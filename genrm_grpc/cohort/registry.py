@@ -14,7 +14,7 @@ cohort that ends without rewards are in ``cohort/decisions.py`` (``Disposition``
 ``SubmitDecision``, ``Ended``, ``failure_rejection`` and ``legacy_outcome`` re-exported
 here); the active cohorts' indexes in ``cohort/active.py``; which records a cohort
 becomes, and the cohort rebuilt from them, in ``cohort/recording.py``. What is left,
-about 560 lines, stays one module on purpose: every event below reads and changes
+about 520 lines, stays one module on purpose: every event below reads and changes
 the same state (the active cohorts, the outbox of records, the retained store), and
 together they are the one status table; cut further, a rule would be read across two
 files.
@@ -65,10 +65,8 @@ from genrm_grpc.cohort.model import (
 from genrm_grpc.cohort.phases import Event, allows, transition
 from genrm_grpc.cohort.recording import (
     Deferred,
-    active_records,
     cohort_record,
     end_state,
-    final_records,
     member_record,
     restored_cohort,
     tombstone_of,
@@ -148,10 +146,6 @@ class CohortRegistry:
         self._warned_missing_attempt = False
         self.evictions_examined = 0
         self.wall_offset = 0.0
-        #: Emit the records of active cohorts (headers, members, attempt watermarks).
-        #: A store that keeps nothing across a restart needs only what ends a cohort
-        #: (its tombstone and the drops): the runtime sets this from the store.
-        self.journal_active = True
         #: Keep every record in the outbox until :meth:`take_records`, as the end state
         #: of them all (``recording.end_state``), each decision's ``records`` empty: a
         #: one-group registry's round is committed at once, and a header that a later
@@ -173,10 +167,6 @@ class CohortRegistry:
 
     def active_cohorts(self) -> list[Cohort]:
         return self._active.cohorts()
-
-    def evaluating_count(self) -> int:
-        """Active cohorts that are frozen and judged (the others collect), kept as they go."""
-        return self._active.evaluating()
 
     def latest_attempt(self, group_id: str, now: float, principal: str = ANONYMOUS) -> int | None:
         return self.store.watermark(group_scope(principal, group_id), now)
@@ -321,21 +311,6 @@ class CohortRegistry:
     def start_draining(self) -> None:
         self._draining = True
 
-    def fail_all(self, reason: str, now: float) -> Ended:
-        ended = self._active.cohorts()
-        for cohort in ended:
-            failed = Failed(clip_reason(reason), legacy=not cohort.key.explicit)
-            self._end(cohort, Event.CANCELLED, failed, now)
-        return Ended(ended, self._take())
-
-    def suspend_all(self) -> list[Cohort]:
-        """Forget every active cohort in this process, leaving it as it is in the store.
-
-        A drain with a durable store: the next process resumes these cohorts from their
-        records, so nothing is failed and nothing is written.
-        """
-        return self._active.clear()
-
     def restore(self, recovered: Recovered, now: float) -> list[Cohort]:
         """Take back what a store held at start-up; returns the active cohorts, oldest first.
 
@@ -402,42 +377,26 @@ class CohortRegistry:
             follows_attempt=follows,
         )
         self._active.add(cohort)
-        if self.journal_active:
-            self._header(cohort)
+        self._header(cohort)
         return self._accept(cohort, sub, now)
 
     def _accept(self, cohort: Cohort, sub: Submission, now: float) -> SubmitDecision:
         member = Member(coords=sub.coords, candidate=sub.candidate)
         cohort.members[sub.rollout_index] = member
-        journal = self.journal_active
-        if journal:
-            self._outbox.append(member_record(cohort.key, member))
+        self._outbox.append(member_record(cohort.key, member))
         frozen = False
         if not cohort.full:
             cohort.phase = transition(cohort.phase, Event.JOINED)
         else:
             fill(cohort, now + self.config.cohort_evaluation_timeout_s)
-            self._active.froze()
-            if journal:
-                self._header(cohort)
+            self._header(cohort)
             frozen = True
         return SubmitDecision(Disposition.ACCEPTED, cohort=cohort, frozen=frozen)
 
     def _raise_watermark(self, scope: str, attempt: int, now: float) -> None:
         self.store.raise_watermark(scope, attempt, now)
-        if self.journal_active:
-            expires = now + self.config.cohort_result_ttl_s + self.wall_offset
-            self._outbox.append(WatermarkRecord(scope, attempt, expires))
-
-    def final_records(self, cohort: Cohort) -> list[Record]:
-        """The records that ended ``cohort`` again (to rewrite them after a failed write)."""
-        ttl = self.config.cohort_result_ttl_s
-        return final_records(cohort.key, self.store, ttl, self.wall_offset)
-
-    def active_records(self, cohort: Cohort) -> list[Record]:
-        """An active cohort's header and members as records (to write them again after a
-        failed write, when a member is resent)."""
-        return active_records(cohort, self.wall_offset)
+        expires = now + self.config.cohort_result_ttl_s + self.wall_offset
+        self._outbox.append(WatermarkRecord(scope, attempt, expires))
 
     def _header(self, cohort: Cohort) -> None:
         """Write the cohort's header as it is now (deferred: as it is when taken)."""

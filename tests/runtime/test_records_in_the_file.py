@@ -1,10 +1,9 @@
-"""Active cohorts' records are written only to a store that a restart reads back.
+"""A cohort's records, and what a restart reads back of them.
 
-``memory://`` keeps nothing across a restart: of a cohort's records it uses only those
-that end it (tombstone and drops, for its verdict index). The registry builds the
-records of active cohorts (headers, members, attempt watermarks) under one switch,
-``journal_active``; the runtime writes nothing without a file behind its group store.
-What a restart reads back of a file is pinned here.
+The registry builds every record of a cohort: its header, members and attempt
+watermark while it is active, and what ends it. The in-process group store keeps them
+all and writes them to the file behind it when there is one (``memory://`` has none:
+nothing outlives the process). What a restart reads back of a file is pinned here.
 """
 
 from __future__ import annotations
@@ -40,16 +39,8 @@ def _one_group(reg: CohortRegistry) -> list[Record]:
     return records + ended.records
 
 
-def test_without_active_journaling_a_group_writes_only_what_ends_it() -> None:
+def test_a_group_writes_its_header_members_and_watermark_and_what_ends_it() -> None:
     reg, _ = registry()
-    reg.journal_active = False
-    kinds = [type(r) for r in _one_group(reg)]
-    assert kinds == [DropCohort, TombstoneRecord]
-
-
-def test_with_active_journaling_a_group_writes_its_header_members_and_watermark() -> None:
-    reg, _ = registry()
-    assert reg.journal_active  # the default: a registry on its own writes everything
     kinds = [type(r) for r in _one_group(reg)]
     assert kinds == [
         WatermarkRecord,  # the attempt is new
