@@ -28,14 +28,12 @@ from bench.service import FIXED_VERDICT, InstantJudge, answer_text
 from bench.util import rss_bytes
 from genrm_grpc.cohort.identity import CandidateInput, resolve
 from genrm_grpc.cohort.model import CohortKey, MemberCoords, PromptSpec, Submission, Tombstone
-from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
 from genrm_grpc.runtime.clock import LoopClock, WallClock
 from genrm_grpc.runtime.live import Ticket
 from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.store.local import LocalGroups
-from genrm_grpc.store.memory import MemoryStore
 
 GROUP_SIZE = 16
 ANSWER_BYTES = 4096
@@ -73,8 +71,7 @@ async def make_runtime(judge: Any, retained: int) -> ReplicaRuntime:
         clock=clock,
         lease_clock=LoopClock(),
     )
-    registry = CohortRegistry(settings, MemoryStore(settings))
-    runtime = ReplicaRuntime(registry, judge, settings, shared=shared, clock=clock)
+    runtime = ReplicaRuntime(judge, settings, shared=shared, clock=clock)
     await runtime.open()
     return runtime
 

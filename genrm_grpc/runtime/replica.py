@@ -95,7 +95,6 @@ class ReplicaRuntime:
 
     def __init__(
         self,
-        registry: CohortRegistry,
         judge: JudgeBackend,
         config: ReplicaView,
         *,
@@ -108,9 +107,9 @@ class ReplicaRuntime:
     ) -> None:
         """``clock``: wall-clock seconds by default (what replicas sharing Redis
         compare); the in-process store's own should be the same clock."""
-        #: Holds no cohort: only this process's draining flag (groups are decided in
-        #: one-group registries restored from Redis).
-        self.registry = registry
+        #: This process refuses new cohorts (a drain began); the one-group registries
+        #: it decides in read it.
+        self._draining = False
         self.config = config
         self.shared = shared
         self.store = shared.store
@@ -131,7 +130,7 @@ class ReplicaRuntime:
         self.decisions = GroupDecisions(
             shared,
             config,
-            draining=lambda: self.registry.draining,
+            draining=lambda: self._draining,
             own=self.judging.own,
             committed=self._committed,
             clock=self._clock,
@@ -168,7 +167,7 @@ class ReplicaRuntime:
             clock=self._clock,
             own=self.judging.own,
             stopping=self._stopping,
-            draining=lambda: self.registry.draining,
+            draining=lambda: self._draining,
             recheck=self._resubscribed,
             store_failed=self._store_failed,
         )
@@ -179,7 +178,11 @@ class ReplicaRuntime:
 
     @property
     def draining(self) -> bool:
-        return self.registry.draining
+        return self._draining
+
+    def start_draining(self) -> None:
+        """Refuse new cohorts from now on (what a drain does first)."""
+        self._draining = True
 
     @property
     def judge_calls(self) -> int:
@@ -236,7 +239,7 @@ class ReplicaRuntime:
     async def shutdown(self, grace_s: float) -> None:
         """Drain: refuse new cohorts, let evaluations run for ``grace_s``, fail the rest
         (a store nothing outlives) or release their leases, interrupt the waiters."""
-        self.registry.start_draining()
+        self.start_draining()
         await self.judging.grace(grace_s)
         if not self.store.survives_restart:
             # Nothing outlives this process (memory://): the cohorts fail, as documented.

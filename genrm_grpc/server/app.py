@@ -1,4 +1,4 @@
-"""Assembles and runs the server: judge client, registry, runtime, gRPC, health, reflection.
+"""Assembles and runs the server: judge client, runtime, gRPC, health, reflection.
 
 Where it listens and with which gRPC options is ``server/listen.py`` (re-exported here).
 """
@@ -17,7 +17,6 @@ from genrm.cohort.v1 import cohort_pb2 as pb
 from genrm.cohort.v1 import cohort_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import ConfigError, Settings
 from genrm_grpc.judge.client import JudgeClient
 from genrm_grpc.judge.prober import FarmProber
@@ -48,7 +47,6 @@ from genrm_grpc.server.security import Principals, TokenAuthInterceptor, server_
 from genrm_grpc.server.servicer import CohortServicer
 from genrm_grpc.store.durable import store_from_url
 from genrm_grpc.store.local import LocalGroups
-from genrm_grpc.store.memory import MemoryStore
 
 if TYPE_CHECKING:
     from genrm_grpc.observability.tracing import Tracing
@@ -122,7 +120,6 @@ class CohortServer:
         self._farm_task: asyncio.Task[None] | None = None
         self._discovery_task: asyncio.Task[None] | None = None
         # Every component reads its own scoped view of the one Settings: nothing copied.
-        self.registry = CohortRegistry(settings, MemoryStore(settings))
         self.runtime = self._build_runtime(judge_backend or self.judge, runtime_observer)
         self.metrics.attach_runtime(self.runtime)
         self.metrics.attach_farm(self.judge.farm)
@@ -222,7 +219,6 @@ class CohortServer:
                 lease_clock=LoopClock(),
             )
         return ReplicaRuntime(
-            self.registry,
             backend,
             settings,
             shared=shared,

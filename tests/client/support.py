@@ -34,7 +34,7 @@ async def cohort_server(judge_url: str, port: int = 0, **overrides: Any) -> Asyn
     try:
         yield bound
     finally:
-        if not server.registry.draining:
+        if not server.runtime.draining:
             await server.stop()
 
 

@@ -49,7 +49,7 @@ async def serving(judge_url: str, store: str, port: int = 0) -> AsyncIterator[Co
     try:
         yield server
     finally:
-        if not server.registry.draining:
+        if not server.runtime.draining:
             await server.stop()
 
 

@@ -31,7 +31,6 @@ from genrm_grpc.cohort.model import (
     Submission,
     Tombstone,
 )
-from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeFailedError, JudgeInput, JudgeOutcome, TokenUsage
 from genrm_grpc.runtime.live import JudgeSchedule, Ticket
@@ -39,7 +38,6 @@ from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.store.durable import DurableStore
 from genrm_grpc.store.local import LocalGroups
-from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.testing import ManualClock
 
 PROMPT = PromptSpec(messages=(("user", "Name the largest planet."),), principle="Be accurate.")
@@ -203,7 +201,6 @@ def make_runtime(
         default_principle="",
         **scoring,
     )
-    registry = CohortRegistry(settings, MemoryStore(settings))
     shared = LocalGroups(
         settings,
         lease_s=settings.replica_lease_s,
@@ -213,7 +210,7 @@ def make_runtime(
     )
     # No batching window: a decision starts at the next loop turn, with whatever queued
     # by then (the window is loop time, which the tests do not wait for).
-    return ReplicaRuntime(registry, judge, settings, shared=shared, clock=clock, batch_window_s=0.0)
+    return ReplicaRuntime(judge, settings, shared=shared, clock=clock, batch_window_s=0.0)
 
 
 async def open_runtime(runtime: Runtime) -> Runtime:

@@ -630,7 +630,7 @@ async def test_evaluations_that_finish_within_the_shutdown_grace_publish_normall
     await until(lambda: len(judge.calls) == 3)
 
     shutdown = asyncio.create_task(rt.shutdown(grace_s=600))
-    await until(lambda: rt.registry.draining)
+    await until(lambda: rt.draining)
     await settle()
     assert not shutdown.done()
     # While draining: no new cohort, no new slot, but identical members attach.

@@ -56,14 +56,12 @@ from hypothesis import strategies as st
 
 from genrm_grpc.cohort.model import Completed, Failed, Masked, Outcome, Reason, Submission
 from genrm_grpc.cohort.records import Record
-from genrm_grpc.cohort.registry import CohortRegistry
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput
 from genrm_grpc.runtime.live import REWRITE_DELAY_S, CallInterrupted
 from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.store.local import LocalGroups
-from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.records import StoreError, decode_key
 from genrm_grpc.store.sqlite import SqliteStore
 from genrm_grpc.testing import ManualClock
@@ -230,7 +228,6 @@ class Process:
         self.judge = ScriptedJudge(verdict=verdict_for)
         self.clock = ManualClock(start=1000.0)
         config = _settings(script.schedule)
-        registry = CohortRegistry(config, MemoryStore(config))
         groups = LocalGroups(
             config,
             lease_s=config.replica_lease_s,
@@ -239,7 +236,7 @@ class Process:
             clock=self.clock,
         )
         self.runtime: Runtime = ReplicaRuntime(
-            registry, self.judge, config, shared=groups, clock=self.clock, batch_window_s=0.0
+            self.judge, config, shared=groups, clock=self.clock, batch_window_s=0.0
         )
         self.calls: list[asyncio.Task[None]] = []
         #: Calls that got STORE_UNAVAILABLE: the client sends them again.

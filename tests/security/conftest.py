@@ -79,7 +79,7 @@ async def start_server(fake_judge: FakeJudgeServer) -> AsyncIterator[StartServer
 
     yield start
     for server in running:
-        if not server.registry.draining:
+        if not server.runtime.draining:
             await server.stop()
 
 

@@ -59,7 +59,7 @@ async def start_server(fake_judge: FakeJudgeServer) -> AsyncIterator[StartServer
     yield start
     for server, client in running:
         await client.close()
-        if not server.registry.draining:
+        if not server.runtime.draining:
             await server.stop()
 
 

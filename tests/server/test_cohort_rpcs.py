@@ -213,7 +213,7 @@ async def test_shutdown_refuses_new_cohorts_and_ends_waiting_calls_as_the_stop_p
     probe = SubmitProbe(server)
     waiting = asyncio.create_task(client.submit_member(member(0), PROMPT, candidate(0), timeout=30))
     await probe.reached(1)
-    server.registry.start_draining()
+    server.runtime.start_draining()
     with pytest.raises(CALL_ERRORS) as refused:
         await client.submit_member(member(0, group="g9"), PROMPT, candidate(0), timeout=10)
     assert call_error(refused.value).reason == "SHUTTING_DOWN"

@@ -16,13 +16,12 @@ import redis.asyncio as aioredis
 
 from genrm_grpc.cohort.model import Completed, Failed, Reason
 from genrm_grpc.cohort.records import WatermarkRecord
-from genrm_grpc.cohort.registry import CohortRegistry, Disposition
+from genrm_grpc.cohort.registry import Disposition
 from genrm_grpc.config import Settings
 from genrm_grpc.judge.client import JudgeInput, JudgeOutcome
 from genrm_grpc.runtime.replica import ReplicaRuntime
 from genrm_grpc.scoring.types import Verdict
 from genrm_grpc.store.local import LocalGroups
-from genrm_grpc.store.memory import MemoryStore
 from genrm_grpc.store.records import StoreError
 from genrm_grpc.store.redis import RedisStore
 from genrm_grpc.store.shared import SharedGroups
@@ -51,7 +50,6 @@ async def _runtime(
 ) -> ReplicaRuntime:
     settings = Settings(store=redis_url, **config)  # type: ignore[arg-type]
     runtime = ReplicaRuntime(
-        CohortRegistry(settings, MemoryStore(settings)),
         judge or InstantJudge(),
         settings,
         shared=SharedGroups(RedisStore(redis_url), lease_s=10),
@@ -77,7 +75,6 @@ async def deployment(request: pytest.FixtureRequest) -> AsyncIterator[Make]:
             shared = LocalGroups(settings, lease_s=10, shared_with=local[0] if local else None)
             local.append(shared)
             runtime = ReplicaRuntime(
-                CohortRegistry(settings, MemoryStore(settings)),
                 judge or InstantJudge(),
                 settings,
                 shared=shared,
@@ -313,7 +310,6 @@ async def test_a_one_member_group_is_scored_in_the_commit_that_froze_it(
 async def test_a_stop_on_a_store_nothing_outlives_fails_the_cohorts_as_memory_promises() -> None:
     settings = Settings(store="memory://")
     runtime = ReplicaRuntime(
-        CohortRegistry(settings, MemoryStore(settings)),
         InstantJudge(),
         settings,
         shared=LocalGroups(settings, lease_s=10),
