@@ -14,7 +14,8 @@ members of one group may reach any replica in any order, with one process's outc
 - **Waiters** stay on the replica that holds the call. An outcome is committed to a
   mailbox key and its cohort's key published on the replicas' channel in one script;
   every replica reads the outcomes its waiters need, and all again after it
-  (re)subscribes, so a message lost while disconnected costs nothing.
+  (re)subscribes, so a message lost while disconnected costs nothing
+  (``runtime/outcomes.py``).
 - **Evaluation** belongs to the replica whose commit froze the cohort (or, eager,
   created it), under the cohort's evaluation lease: ``runtime/leased.py``. When the
   lease expires (the replica died, paused or lost Redis) any replica's sweep claims it.
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -48,7 +48,6 @@ from genrm_grpc.cohort.model import (
     Cohort,
     CohortKey,
     Completed,
-    Outcome,
     PromptSpec,
     Reason,
     Submission,
@@ -73,6 +72,7 @@ from genrm_grpc.runtime.live import (
     log_outcome,
     store_unavailable,
 )
+from genrm_grpc.runtime.outcomes import Outcomes
 from genrm_grpc.runtime.replica_sweeps import SWEEP_S, Sweeps
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.records import StoreError
@@ -81,8 +81,6 @@ log = logging.getLogger(__name__)
 
 #: How often a replica checks that Redis answers (health) while it does.
 STORE_CHECK_S = 1.0
-#: Keys of cohorts that ended recently, to catch an end published during a decision.
-RECENT_ENDS = 4096
 
 
 class ReplicaView(GroupView, Protocol):
@@ -138,10 +136,10 @@ class ReplicaRuntime:
             batch_window_s=batch_window_s,
         )
         self.evaluations = self._evaluations()
-        self._recent_ends: OrderedDict[CohortKey, None] = OrderedDict()
-        self._to_fetch: set[CohortKey] = set()
-        self._fetcher: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self.outcomes = Outcomes(
+            shared, self.judging, self.evaluations, clock=self._clock, stopping=self._stopping
+        )
         self.sweeps = self._sweeps()
         self._background: list[asyncio.Task[None]] = []
         #: The deployment's counts as the store watcher last read them (STORE_CHECK_S).
@@ -168,7 +166,7 @@ class ReplicaRuntime:
             own=self.judging.own,
             stopping=self._stopping,
             draining=lambda: self._draining,
-            recheck=self._resubscribed,
+            recheck=self.outcomes.resubscribed,
             store_failed=self._store_failed,
         )
 
@@ -223,8 +221,8 @@ class ReplicaRuntime:
         for coro, name in (
             (
                 self.shared.listen(
-                    self._on_ended,
-                    self._resubscribed,
+                    self.outcomes.on_ended,
+                    self.outcomes.resubscribed,
                     stopping=self._stopping,
                     on_grown=self.evaluations.grown,
                 ),
@@ -356,8 +354,7 @@ class ReplicaRuntime:
             log_outcome(
                 self._observer, cohort, cohort.outcome, self.judging.waiting(cohort.key), age_s
             )
-            self._ended_recently(cohort.key)
-            self._end_here(cohort.key, now, cohort.outcome)
+            self.outcomes.end_here(cohort.key, now, cohort.outcome)
         if judge_here is not None:
             self.evaluations.start(*judge_here)
 
@@ -403,9 +400,9 @@ class ReplicaRuntime:
             # It ended in this member's own decision (scored at once), committed already.
             deliver(self.judging.retire(key) or [], cohort.outcome)
             return ticket
-        if key in self._recent_ends:
+        if self.outcomes.ended_lately(key):
             # It may have ended while this member was decided: read its outcome.
-            self._fetch(key)
+            self.outcomes.fetch(key)
         return ticket
 
     async def view(self, key: CohortKey) -> tuple[CohortRegistry, float]:
@@ -426,54 +423,6 @@ class ReplicaRuntime:
         except StoreError as exc:
             self._store_failed()
             raise store_unavailable("this cancellation", exc) from exc
-
-    # ------------------------------------------------------------------ outcomes
-    def _end_here(self, key: CohortKey, finished_at: float, outcome: Outcome) -> None:
-        """Hand an ended cohort's outcome to this replica's waiters; stop its work here."""
-        live = self._live.get(key)
-        if live is None:
-            return
-        if finished_at < live.cohort.created_at:
-            return  # an earlier cohort under the same (legacy) key
-        deliver(self.judging.retire(key) or [], outcome)
-
-    def _on_ended(self, key: CohortKey) -> None:
-        self._ended_recently(key)
-        if key in self._live:
-            self._fetch(key)
-
-    def _ended_recently(self, key: CohortKey) -> None:
-        self._recent_ends[key] = None
-        if len(self._recent_ends) > RECENT_ENDS:
-            self._recent_ends.popitem(last=False)
-
-    async def _resubscribed(self) -> None:
-        # Messages published while this replica was not subscribed are gone: read every
-        # outcome it waits for, and forget cohorts nobody here waits for any more.
-        for key, live in list(self._live.items()):
-            if not live.waiters and key not in self.evaluations.here:
-                del self._live[key]
-            else:
-                self._fetch(key)
-        self.evaluations.regrow_all()  # a collecting cohort judged here re-reads its group
-
-    def _fetch(self, key: CohortKey) -> None:
-        self._to_fetch.add(key)
-        if self._fetcher is None or self._fetcher.done():
-            self._fetcher = self.judging.own(self._fetch_outcomes(), name="replica-outcomes")
-
-    async def _fetch_outcomes(self) -> None:
-        while self._to_fetch and not self._stopping.is_set():
-            keys, self._to_fetch = self._to_fetch, set()
-            try:
-                found = await self.shared.outcomes(keys)
-            except StoreError as exc:
-                log.warning("could not read outcomes (%s); trying again", exc)
-                self._to_fetch |= keys
-                await sleep(self._clock, SWEEP_S)
-                continue
-            for key, tomb in found.items():
-                self._end_here(key, tomb.finished_at, tomb.outcome)
 
     # ------------------------------------------------------------------ store health
     async def _watch_store(self) -> None:
