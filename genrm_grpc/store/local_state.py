@@ -9,6 +9,7 @@ import asyncio
 import heapq
 import itertools
 import math
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,18 @@ from genrm_grpc.store.redis_keys import key_text
 
 #: A group: its scope, or a legacy cohort's own key as text (what a lease's ``scope`` is).
 GroupId = str
+#: A retained tombstone is one ``bytes``: the instant it expires (a little-endian double)
+#: followed by its ``Tombstone.record()``. One object per tombstone, where a tuple of a
+#: float and the record would be three (72 bytes more for each of tens of thousands).
+_EXPIRY = struct.Struct("<d")
+
+
+def _kept(expires_at: float, record: bytes) -> bytes:
+    return _EXPIRY.pack(expires_at) + record
+
+
+def _expiry(kept: bytes) -> float:
+    return float(_EXPIRY.unpack_from(kept)[0])
 
 
 def group_of(key: CohortKey) -> GroupId:
@@ -141,7 +154,8 @@ class Held:
         #: Tombstones and mailboxes hold each outcome as its ``Tombstone.record()``
         #: bytes (with the instant it goes), which the cyclic garbage collector does not
         #: track: tens of thousands retained add nothing to a collection (as memory://).
-        self.tombstones: OrderedDict[CohortKey, tuple[float, bytes]] = OrderedDict()
+        #: A tombstone's instant is packed ahead of its record (:func:`_kept`).
+        self.tombstones: OrderedDict[CohortKey, bytes] = OrderedDict()
         self.watermarks: OrderedDict[str, WatermarkRecord] = OrderedDict()
         self.mailboxes: OrderedDict[CohortKey, tuple[bytes, float]] = OrderedDict()
         self.journal = VerdictJournal()
@@ -299,7 +313,7 @@ class Held:
         key = tomb.key
         if self.tombstones.pop(key, None) is None:
             self.group(key).tombstones += 1
-        self.tombstones[key] = (record.expires_at, tomb.record())
+        self.tombstones[key] = _kept(record.expires_at, tomb.record())
         if not tomb.masked and tomb.failed is None:
             # As memory:// always did: a completed cohort's verdicts are rarely asked
             # again, and kept they would cost ~100 objects per retained cohort; masked
@@ -344,8 +358,8 @@ class Held:
         count = len(tombs) + sum(1 for key in written if key not in tombs)
         count -= sum(1 for key in gone if key in tombs and key not in written)
         drops: list[Record] = []
-        for key, (expires_at, _) in tombs.items():
-            if expires_at > now and count <= self.max_tombstones:
+        for key, kept in tombs.items():
+            if _expiry(kept) > now and count <= self.max_tombstones:
                 break
             if key in written or key in gone:
                 continue
@@ -359,14 +373,14 @@ class Held:
         return drops
 
     def _nothing_due(
-        self, tombs: OrderedDict[CohortKey, tuple[float, bytes]], now: float, written: int
+        self, tombs: OrderedDict[CohortKey, bytes], now: float, written: int
     ) -> bool:
         """Whether retention surely drops nothing: the oldest tombstone and watermark
         are unexpired and even ``written`` more tombstones stay within the bound (what
         most commits find, decided without looking at their records)."""
         if len(tombs) + written > self.max_tombstones:
             return False
-        if tombs and next(iter(tombs.values()))[0] <= now:
+        if tombs and _expiry(next(iter(tombs.values()))) <= now:
             return False
         marks = self.watermarks
         return not marks or next(iter(marks.values())).expires_at > now
@@ -399,9 +413,14 @@ class Held:
 
     def unexpired_tombstone(self, key: CohortKey, now: float) -> TombstoneRecord | None:
         kept = self.tombstones.get(key)
-        if kept is None or kept[0] <= now:
+        if kept is None:
             return None
-        return TombstoneRecord(Tombstone.from_record(kept[1]), kept[0])
+        expires_at = _expiry(kept)
+        if expires_at <= now:
+            return None
+        # A copy of the record (a read is rare: a replay, a lookup), which the tombstone
+        # then keeps as its own record() instead of packing it again.
+        return TombstoneRecord(Tombstone.from_record(kept[_EXPIRY.size :]), expires_at)
 
     def mailbox(self, tomb: Tombstone, until: float) -> None:
         """Keep ``tomb``'s outcome in its cohort's mailbox until ``until``, and no more
