@@ -140,7 +140,8 @@ class LocalGroups:
     async def load(self, key: CohortKey) -> GroupState:
         """The group of ``key``: its version, the key's cohort and tombstone, the newest
         attempt's, the watermark, and the active counts (as Redis's ``LOAD``)."""
-        return self._read(key, await self._settled(key))
+        await self._settled(key)
+        return self._read(key)
 
     def load_now(self, key: CohortKey) -> GroupState | None:
         """:meth:`load` without waiting: None while a commit of the group is being
@@ -148,12 +149,13 @@ class LocalGroups:
         group = self.state.groups.get(group_of(key))
         if group is not None and group.pending is not None:
             return None
-        return self._read(key, group)
+        return self._read(key)
 
-    def _read(self, key: CohortKey, group: Group | None) -> GroupState:
+    def _read(self, key: CohortKey) -> GroupState:
         state = self.state
         self.stats.loads += 1
-        if group is None:
+        gid = group_of(key)
+        if not state.known(gid):
             # No group holds nothing: no cohort, tombstone or watermark (it is forgotten
             # only once idle), so the read of a new group looks nothing up.
             self.stats.active_seen = state.active_total
@@ -182,21 +184,23 @@ class LocalGroups:
         self.stats.active_seen = state.active_total
         return GroupState(
             key=key,
-            version=_version(group),
+            version=str(state.version_of(gid)),
             recovered=Recovered(tuple(cohorts), tuple(tombstones), (mark,) if mark else ()),
             active_total=state.active_total,
             active_principal=state.active_by_principal.get(key.principal, 0),
         )
 
     async def version(self, key: CohortKey) -> str:
-        return _version(await self._settled(key))
+        await self._settled(key)
+        return str(self.state.version_of(group_of(key)))
 
     def version_now(self, key: CohortKey) -> str | None:
         """:meth:`version` without waiting: None while a commit of it is being written."""
-        group = self.state.groups.get(group_of(key))
+        gid = group_of(key)
+        group = self.state.groups.get(gid)
         if group is not None and group.pending is not None:
             return None
-        return _version(group)
+        return str(self.state.version_of(gid))
 
     async def _settled(self, key: CohortKey) -> Group | None:
         """``key``'s group once no commit of it is being written (its version counts)."""
@@ -322,7 +326,7 @@ class LocalGroups:
         held = self.state
         held.apply(commit.records)
         for tomb in commit.ended:
-            if tomb.key not in held.tombstones:
+            if not held.has_tombstone(tomb.key):
                 # A cohort that left a tombstone is read from it (:meth:`outcomes`);
                 # only one that left none (a completed legacy cohort) needs a mailbox.
                 held.mailbox(tomb, commit.now + MAILBOX_TTL_S)
@@ -409,10 +413,6 @@ class LocalGroups:
 
 
 _NOTHING = Recovered()
-
-
-def _version(group: Group | None) -> str:
-    return str(group.version if group is not None else 0)
 
 
 def _ignore(key: CohortKey) -> None:

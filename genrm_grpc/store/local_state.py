@@ -40,6 +40,13 @@ GroupId = str
 #: followed by its ``Tombstone.record()``. One object per tombstone, where a tuple of a
 #: float and the record would be three (72 bytes more for each of tens of thousands).
 _EXPIRY = struct.Struct("<d")
+#: A retained tombstone's key: its cohort key's identity as a plain tuple, which the
+#: cyclic garbage collector stops tracking (a ``CohortKey`` is tracked).
+_TombKey = tuple[str | None, str | None, int, str]
+
+
+def _tomb_key(key: CohortKey) -> _TombKey:
+    return (key.group_id, key.legacy_key, key.attempt, key.principal)
 
 
 def _kept(expires_at: float, record: bytes) -> bytes:
@@ -74,15 +81,14 @@ class Group:
     version: int = 0
     active: int = 0  # active cohorts with a header
     tombstones: int = 0
-    watermark: WatermarkRecord | None = None
     #: The evaluation lease, held until its ``valid_until`` (the store's lease clock).
     lease: Lease | None = None
     #: A commit being written to the file behind: reads wait for it.
     pending: asyncio.Future[None] | None = None
 
-    def idle(self, now: float) -> bool:
-        held = self.active or self.tombstones or self.watermark or self.pending
-        return not (held or self.lease_held(now))
+    def busy(self, now: float) -> bool:
+        """Holds more than retained state: an active cohort, a write, a lease."""
+        return bool(self.active or self.pending or self.lease_held(now))
 
     def lease_held(self, now: float) -> bool:
         return self.lease is not None and self.lease.valid_until > now
@@ -149,14 +155,21 @@ class Held:
         #: expire, in service.
         self.lease_clock = clock if lease_clock is None else lease_clock
         self.max_tombstones = config.max_terminal_cohorts
+        #: Groups with an active cohort, a write or a lease (a ``Group`` each).
         self.groups: dict[GroupId, Group] = {}
+        #: Groups that hold only retained state (tombstones, a watermark): their version
+        #: and tombstone count as a plain tuple, so that tens of thousands of retained
+        #: groups add no object to a garbage collection (:meth:`_forget_if_idle`).
+        self.resting: dict[GroupId, tuple[int, int]] = {}
         self.cohorts: dict[CohortKey, Active] = {}
         #: Tombstones and mailboxes hold each outcome as its ``Tombstone.record()``
         #: bytes (with the instant it goes), which the cyclic garbage collector does not
         #: track: tens of thousands retained add nothing to a collection (as memory://).
-        #: A tombstone's instant is packed ahead of its record (:func:`_kept`).
-        self.tombstones: OrderedDict[CohortKey, bytes] = OrderedDict()
-        self.watermarks: OrderedDict[str, WatermarkRecord] = OrderedDict()
+        #: A tombstone's instant is packed ahead of its record (:func:`_kept`), under a
+        #: plain key; a watermark is ``(expires_at, attempt)``: nothing retained is an
+        #: object the cyclic garbage collector tracks (as memory://).
+        self.tombstones: OrderedDict[_TombKey, bytes] = OrderedDict()
+        self.watermarks: OrderedDict[str, tuple[float, int]] = OrderedDict()
         self.mailboxes: OrderedDict[CohortKey, tuple[bytes, float]] = OrderedDict()
         self.journal = VerdictJournal()
         self.deadlines = Index()
@@ -179,16 +192,44 @@ class Held:
     def _group(self, gid: GroupId) -> Group:
         group = self.groups.get(gid)
         if group is None:
-            group = self.groups[gid] = Group()
+            version, tombstones = self.resting.pop(gid, (0, 0))
+            group = self.groups[gid] = Group(version=version, tombstones=tombstones)
         return group
+
+    def known(self, gid: GroupId) -> bool:
+        """The group holds something (a group that holds nothing is forgotten)."""
+        return gid in self.groups or gid in self.resting
+
+    def version_of(self, gid: GroupId) -> int:
+        group = self.groups.get(gid)
+        if group is not None:
+            return group.version
+        return self.resting.get(gid, (0, 0))[0]
 
     def forget_if_idle(self, key: CohortKey) -> None:
         self._forget_if_idle(group_of(key))
 
     def _forget_if_idle(self, gid: GroupId) -> None:
+        """A group with nothing active, written or leased rests: its version and
+        tombstone count as a tuple, while it retains anything; else it is forgotten."""
         group = self.groups.get(gid)
-        if group is not None and group.idle(self.lease_clock.now()):
-            del self.groups[gid]
+        if group is None or group.busy(self.lease_clock.now()):
+            return
+        del self.groups[gid]
+        if group.tombstones or gid in self.watermarks:
+            self.resting[gid] = (group.version, group.tombstones)
+
+    def _count_tombstones(self, gid: GroupId, delta: int) -> None:
+        group = self.groups.get(gid)
+        if group is not None:
+            group.tombstones += delta
+            return
+        version, count = self.resting.get(gid, (0, 0))
+        count += delta
+        if count or gid in self.watermarks:
+            self.resting[gid] = (version, count)
+        else:
+            self.resting.pop(gid, None)
 
     # ------------------------------------------------------------------ deadlines
     def file_deadline(self, key: CohortKey, instant: float) -> None:
@@ -311,9 +352,10 @@ class Held:
     def _tombstone(self, record: TombstoneRecord) -> None:
         tomb = record.tombstone
         key = tomb.key
-        if self.tombstones.pop(key, None) is None:
-            self.group(key).tombstones += 1
-        self.tombstones[key] = _kept(record.expires_at, tomb.record())
+        plain = _tomb_key(key)
+        if self.tombstones.pop(plain, None) is None:
+            self._count_tombstones(group_of(key), 1)
+        self.tombstones[plain] = _kept(record.expires_at, tomb.record())
         if not tomb.masked and tomb.failed is None:
             # As memory:// always did: a completed cohort's verdicts are rarely asked
             # again, and kept they would cost ~100 objects per retained cohort; masked
@@ -321,25 +363,30 @@ class Held:
             self.journal.drop(key)
 
     def _drop_tombstone(self, key: CohortKey) -> None:
-        if self.tombstones.pop(key, None) is not None:
-            self.group(key).tombstones -= 1
-            self.forget_if_idle(key)
+        if self.tombstones.pop(_tomb_key(key), None) is not None:
+            gid = group_of(key)
+            self._count_tombstones(gid, -1)
+            self._forget_if_idle(gid)
         self.journal.drop(key)
+
+    def has_tombstone(self, key: CohortKey) -> bool:
+        return _tomb_key(key) in self.tombstones
 
     def _watermark(self, record: WatermarkRecord) -> None:
         marks = self.watermarks
-        old = marks.pop(record.scope, None)
-        if old is not None and old.attempt > record.attempt:
-            record = WatermarkRecord(record.scope, old.attempt, record.expires_at)
-        marks[record.scope] = record
-        self._group(record.scope).watermark = record
+        scope = record.scope
+        old = marks.pop(scope, None)
+        attempt = record.attempt if old is None else max(old[1], record.attempt)
+        marks[scope] = (record.expires_at, attempt)
+        if not self.known(scope):
+            self.resting[scope] = (0, 0)
 
     def _drop_watermark(self, scope: str) -> None:
         self.watermarks.pop(scope, None)
-        group = self.groups.get(scope)
-        if group is not None:
-            group.watermark = None
+        if scope in self.groups:
             self._forget_if_idle(scope)
+        elif self.resting.get(scope, (0, 0))[1] == 0:
+            self.resting.pop(scope, None)
 
     def retention(self, records: Sequence[Record], now: float) -> list[Record]:
         """What retention drops once ``records`` are written: expired tombstones (with
@@ -352,29 +399,27 @@ class Held:
         tombs = self.tombstones
         if self._nothing_due(tombs, now, len(records)):
             return []
-        written = {r.tombstone.key for r in records if isinstance(r, TombstoneRecord)}
-        gone = {r.key for r in records if isinstance(r, DropTombstone)}
+        written = {_tomb_key(r.tombstone.key) for r in records if isinstance(r, TombstoneRecord)}
+        gone = {_tomb_key(r.key) for r in records if isinstance(r, DropTombstone)}
         marks = {r.scope for r in records if isinstance(r, WatermarkRecord | DropWatermark)}
         count = len(tombs) + sum(1 for key in written if key not in tombs)
         count -= sum(1 for key in gone if key in tombs and key not in written)
         drops: list[Record] = []
-        for key, kept in tombs.items():
+        for plain, kept in tombs.items():
             if _expiry(kept) > now and count <= self.max_tombstones:
                 break
-            if key in written or key in gone:
+            if plain in written or plain in gone:
                 continue
-            drops.append(DropTombstone(key))
+            drops.append(DropTombstone(CohortKey(*plain)))
             count -= 1
-        for scope, mark in self.watermarks.items():
-            if mark.expires_at > now:
+        for scope, (expires_at, _) in self.watermarks.items():
+            if expires_at > now:
                 break
             if scope not in marks:
                 drops.append(DropWatermark(scope))
         return drops
 
-    def _nothing_due(
-        self, tombs: OrderedDict[CohortKey, bytes], now: float, written: int
-    ) -> bool:
+    def _nothing_due(self, tombs: OrderedDict[_TombKey, bytes], now: float, written: int) -> bool:
         """Whether retention surely drops nothing: the oldest tombstone and watermark
         are unexpired and even ``written`` more tombstones stay within the bound (what
         most commits find, decided without looking at their records)."""
@@ -383,7 +428,7 @@ class Held:
         if tombs and _expiry(next(iter(tombs.values()))) <= now:
             return False
         marks = self.watermarks
-        return not marks or next(iter(marks.values())).expires_at > now
+        return not marks or next(iter(marks.values()))[0] > now
 
     def expire_mailboxes(self, now: float) -> None:
         while self.mailboxes:
@@ -409,10 +454,12 @@ class Held:
         if scope is None:
             return None
         mark = self.watermarks.get(scope)
-        return mark if mark is not None and mark.expires_at > now else None
+        if mark is None or mark[0] <= now:
+            return None
+        return WatermarkRecord(scope, mark[1], mark[0])
 
     def unexpired_tombstone(self, key: CohortKey, now: float) -> TombstoneRecord | None:
-        kept = self.tombstones.get(key)
+        kept = self.tombstones.get(_tomb_key(key))
         if kept is None:
             return None
         expires_at = _expiry(kept)
