@@ -40,6 +40,18 @@ GroupId = str
 #: followed by its ``Tombstone.record()``. One object per tombstone, where a tuple of a
 #: float and the record would be three (72 bytes more for each of tens of thousands).
 _EXPIRY = struct.Struct("<d")
+#: A watermark: the instant it expires and the group's newest attempt, as one ``bytes``
+#: (49 bytes, where a tuple of a float and an int would be 80).
+_MARK = struct.Struct("<dq")
+#: A resting group (:attr:`Held.resting`): its version and tombstone count as one int,
+#: ``version * _SPAN + count`` (an int of 32 bytes, where a tuple would be 84).
+_SPAN = 1 << 32
+
+
+def _rest(version: int, count: int) -> int:
+    return version * _SPAN + count
+
+
 #: A retained tombstone's key: its cohort key's identity as a plain tuple, which the
 #: cyclic garbage collector stops tracking (a ``CohortKey`` is tracked).
 _TombKey = tuple[str | None, str | None, int, str]
@@ -158,18 +170,18 @@ class Held:
         #: Groups with an active cohort, a write or a lease (a ``Group`` each).
         self.groups: dict[GroupId, Group] = {}
         #: Groups that hold only retained state (tombstones, a watermark): their version
-        #: and tombstone count as a plain tuple, so that tens of thousands of retained
-        #: groups add no object to a garbage collection (:meth:`_forget_if_idle`).
-        self.resting: dict[GroupId, tuple[int, int]] = {}
+        #: and tombstone count as one int (``_rest``), so that tens of thousands of
+        #: retained groups add no object to a garbage collection (:meth:`_forget_if_idle`).
+        self.resting: dict[GroupId, int] = {}
         self.cohorts: dict[CohortKey, Active] = {}
         #: Tombstones and mailboxes hold each outcome as its ``Tombstone.record()``
         #: bytes (with the instant it goes), which the cyclic garbage collector does not
         #: track: tens of thousands retained add nothing to a collection (as memory://).
         #: A tombstone's instant is packed ahead of its record (:func:`_kept`), under a
-        #: plain key; a watermark is ``(expires_at, attempt)``: nothing retained is an
-        #: object the cyclic garbage collector tracks (as memory://).
+        #: plain key; a watermark is its expiry and attempt packed (``_MARK``): nothing
+        #: retained is an object the cyclic garbage collector tracks (as memory://).
         self.tombstones: OrderedDict[_TombKey, bytes] = OrderedDict()
-        self.watermarks: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        self.watermarks: OrderedDict[str, bytes] = OrderedDict()
         self.mailboxes: OrderedDict[CohortKey, tuple[bytes, float]] = OrderedDict()
         self.journal = VerdictJournal()
         self.deadlines = Index()
@@ -192,7 +204,7 @@ class Held:
     def _group(self, gid: GroupId) -> Group:
         group = self.groups.get(gid)
         if group is None:
-            version, tombstones = self.resting.pop(gid, (0, 0))
+            version, tombstones = divmod(self.resting.pop(gid, 0), _SPAN)
             group = self.groups[gid] = Group(version=version, tombstones=tombstones)
         return group
 
@@ -204,7 +216,7 @@ class Held:
         group = self.groups.get(gid)
         if group is not None:
             return group.version
-        return self.resting.get(gid, (0, 0))[0]
+        return self.resting.get(gid, 0) // _SPAN
 
     def forget_if_idle(self, key: CohortKey) -> None:
         self._forget_if_idle(group_of(key))
@@ -217,17 +229,17 @@ class Held:
             return
         del self.groups[gid]
         if group.tombstones or gid in self.watermarks:
-            self.resting[gid] = (group.version, group.tombstones)
+            self.resting[gid] = _rest(group.version, group.tombstones)
 
     def _count_tombstones(self, gid: GroupId, delta: int) -> None:
         group = self.groups.get(gid)
         if group is not None:
             group.tombstones += delta
             return
-        version, count = self.resting.get(gid, (0, 0))
+        version, count = divmod(self.resting.get(gid, 0), _SPAN)
         count += delta
         if count or gid in self.watermarks:
-            self.resting[gid] = (version, count)
+            self.resting[gid] = _rest(version, count)
         else:
             self.resting.pop(gid, None)
 
@@ -376,16 +388,16 @@ class Held:
         marks = self.watermarks
         scope = record.scope
         old = marks.pop(scope, None)
-        attempt = record.attempt if old is None else max(old[1], record.attempt)
-        marks[scope] = (record.expires_at, attempt)
+        attempt = record.attempt if old is None else max(_MARK.unpack(old)[1], record.attempt)
+        marks[scope] = _MARK.pack(record.expires_at, attempt)
         if not self.known(scope):
-            self.resting[scope] = (0, 0)
+            self.resting[scope] = _rest(0, 0)
 
     def _drop_watermark(self, scope: str) -> None:
         self.watermarks.pop(scope, None)
         if scope in self.groups:
             self._forget_if_idle(scope)
-        elif self.resting.get(scope, (0, 0))[1] == 0:
+        elif self.resting.get(scope, 0) % _SPAN == 0:
             self.resting.pop(scope, None)
 
     def retention(self, records: Sequence[Record], now: float) -> list[Record]:
@@ -412,8 +424,8 @@ class Held:
                 continue
             drops.append(DropTombstone(CohortKey(*plain)))
             count -= 1
-        for scope, (expires_at, _) in self.watermarks.items():
-            if expires_at > now:
+        for scope, mark in self.watermarks.items():
+            if _expiry(mark) > now:
                 break
             if scope not in marks:
                 drops.append(DropWatermark(scope))
@@ -428,7 +440,7 @@ class Held:
         if tombs and _expiry(next(iter(tombs.values()))) <= now:
             return False
         marks = self.watermarks
-        return not marks or next(iter(marks.values()))[0] > now
+        return not marks or _expiry(next(iter(marks.values()))) > now
 
     def expire_mailboxes(self, now: float) -> None:
         while self.mailboxes:
@@ -454,9 +466,10 @@ class Held:
         if scope is None:
             return None
         mark = self.watermarks.get(scope)
-        if mark is None or mark[0] <= now:
+        if mark is None:
             return None
-        return WatermarkRecord(scope, mark[1], mark[0])
+        expires_at, attempt = _MARK.unpack(mark)
+        return WatermarkRecord(scope, attempt, expires_at) if expires_at > now else None
 
     def unexpired_tombstone(self, key: CohortKey, now: float) -> TombstoneRecord | None:
         kept = self.tombstones.get(_tomb_key(key))
