@@ -121,9 +121,8 @@ class LocalGroups:
         state = self.state
         drops = state.retention((), now)
         if drops:  # what expired goes (from the file too), without waiting for a commit
-            if self.behind is None:
-                state.apply(drops)
-            else:
+            state.apply(drops)
+            if self.behind is not None:
                 self.store.persist(drops).add_done_callback(_ignore_failure)
         state.expire_mailboxes(now)
         self.stats.active_seen = state.active_total
@@ -314,12 +313,19 @@ class LocalGroups:
             self.stats.leases_lost += 1
             return Committed(False, lease_lost=True)
         now = self.clock.now()
-        records = [*records, *held.retention(records, now)]
+        drops = held.retention(records, now)
+        records = [*records, *drops]
         group.version = next(held.versions)
         done = _Commit(self, group, key, records, ended, evaluate, collect, grown, now)
         if self._file is None or not records:
             return done.held()
-        return done.write(self._file)
+        written = done.write(self._file)
+        # What retention drops goes from memory at once (the file's write follows, and
+        # applying it again then changes nothing): else every commit begun before this
+        # one is written would drop the same oldest tombstones again, as many times as
+        # commits are in flight. The group is pending now, so nothing here forgets it.
+        held.apply(drops)
+        return written
 
     def _held(self, commit: _Commit) -> Committed:
         """Hold a commit's records (written to the file behind, where there is one)."""
