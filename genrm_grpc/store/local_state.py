@@ -223,7 +223,7 @@ class Held:
 
     def _forget_if_idle(self, gid: GroupId) -> None:
         """A group with nothing active, written or leased rests: its version and
-        tombstone count as a tuple, while it retains anything; else it is forgotten."""
+        tombstone count as one int, while it retains anything; else it is forgotten."""
         group = self.groups.get(gid)
         if group is None or group.busy(self.lease_clock.now()):
             return
