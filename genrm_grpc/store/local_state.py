@@ -31,18 +31,24 @@ from genrm_grpc.cohort.records import (
     WatermarkRecord,
 )
 from genrm_grpc.store.lease import Lease
-from genrm_grpc.store.memory import StoreView
+from genrm_grpc.store.memory import (
+    RetainedKey,
+    StoreView,
+    expiry_of,
+    record_of,
+    retained_key,
+    retained_tombstone,
+)
 from genrm_grpc.store.redis_keys import key_text
 
 #: A group: its scope, or a legacy cohort's own key as text (what a lease's ``scope`` is).
 GroupId = str
-#: A retained tombstone is one ``bytes``: the instant it expires (a little-endian double)
-#: followed by its ``Tombstone.record()``. One object per tombstone, where a tuple of a
-#: float and the record would be three (72 bytes more for each of tens of thousands).
-_EXPIRY = struct.Struct("<d")
-#: A watermark: the instant it expires and the group's newest attempt, as one ``bytes``
-#: (49 bytes, where a tuple of a float and an int would be 80).
-_MARK = struct.Struct("<dq")
+#: A retained tombstone is one ``bytes``, as memory:// keeps it (``retained_tombstone``:
+#: its expiry, then its ``Tombstone.record()``), under a plain key (``retained_key``).
+#: A watermark: the instant it expires, then the group's newest attempt, as one
+#: ``bytes`` (49 bytes, where a tuple of a float and an int would be 80); ``expiry_of``
+#: reads its first field as a tombstone's.
+_MARK = struct.Struct("dq")
 #: A resting group (:attr:`Held.resting`): its version and tombstone count as one int,
 #: ``version * _SPAN + count`` (an int of 32 bytes, where a tuple would be 84).
 _SPAN = 1 << 32
@@ -50,23 +56,6 @@ _SPAN = 1 << 32
 
 def _rest(version: int, count: int) -> int:
     return version * _SPAN + count
-
-
-#: A retained tombstone's key: its cohort key's identity as a plain tuple, which the
-#: cyclic garbage collector stops tracking (a ``CohortKey`` is tracked).
-_TombKey = tuple[str | None, str | None, int, str]
-
-
-def _tomb_key(key: CohortKey) -> _TombKey:
-    return (key.group_id, key.legacy_key, key.attempt, key.principal)
-
-
-def _kept(expires_at: float, record: bytes) -> bytes:
-    return _EXPIRY.pack(expires_at) + record
-
-
-def _expiry(kept: bytes) -> float:
-    return float(_EXPIRY.unpack_from(kept)[0])
 
 
 def group_of(key: CohortKey) -> GroupId:
@@ -177,10 +166,10 @@ class Held:
         #: Tombstones and mailboxes hold each outcome as its ``Tombstone.record()``
         #: bytes (with the instant it goes), which the cyclic garbage collector does not
         #: track: tens of thousands retained add nothing to a collection (as memory://).
-        #: A tombstone's instant is packed ahead of its record (:func:`_kept`), under a
+        #: A tombstone's instant is packed ahead of its record (``retained_tombstone``), under a
         #: plain key; a watermark is its expiry and attempt packed (``_MARK``): nothing
         #: retained is an object the cyclic garbage collector tracks (as memory://).
-        self.tombstones: OrderedDict[_TombKey, bytes] = OrderedDict()
+        self.tombstones: OrderedDict[RetainedKey, bytes] = OrderedDict()
         self.watermarks: OrderedDict[str, bytes] = OrderedDict()
         self.mailboxes: OrderedDict[CohortKey, tuple[bytes, float]] = OrderedDict()
         self.journal = VerdictJournal()
@@ -364,10 +353,10 @@ class Held:
     def _tombstone(self, record: TombstoneRecord) -> None:
         tomb = record.tombstone
         key = tomb.key
-        plain = _tomb_key(key)
+        plain = retained_key(key)
         if self.tombstones.pop(plain, None) is None:
             self._count_tombstones(group_of(key), 1)
-        self.tombstones[plain] = _kept(record.expires_at, tomb.record())
+        self.tombstones[plain] = retained_tombstone(record.expires_at, tomb.record())
         if not tomb.masked and tomb.failed is None:
             # As memory:// always did: a completed cohort's verdicts are rarely asked
             # again, and kept they would cost ~100 objects per retained cohort; masked
@@ -375,14 +364,14 @@ class Held:
             self.journal.drop(key)
 
     def _drop_tombstone(self, key: CohortKey) -> None:
-        if self.tombstones.pop(_tomb_key(key), None) is not None:
+        if self.tombstones.pop(retained_key(key), None) is not None:
             gid = group_of(key)
             self._count_tombstones(gid, -1)
             self._forget_if_idle(gid)
         self.journal.drop(key)
 
     def has_tombstone(self, key: CohortKey) -> bool:
-        return _tomb_key(key) in self.tombstones
+        return retained_key(key) in self.tombstones
 
     def _watermark(self, record: WatermarkRecord) -> None:
         marks = self.watermarks
@@ -411,36 +400,38 @@ class Held:
         tombs = self.tombstones
         if self._nothing_due(tombs, now, len(records)):
             return []
-        written = {_tomb_key(r.tombstone.key) for r in records if isinstance(r, TombstoneRecord)}
-        gone = {_tomb_key(r.key) for r in records if isinstance(r, DropTombstone)}
+        written = {retained_key(r.tombstone.key) for r in records if isinstance(r, TombstoneRecord)}
+        gone = {retained_key(r.key) for r in records if isinstance(r, DropTombstone)}
         marks = {r.scope for r in records if isinstance(r, WatermarkRecord | DropWatermark)}
         count = len(tombs) + sum(1 for key in written if key not in tombs)
         count -= sum(1 for key in gone if key in tombs and key not in written)
         drops: list[Record] = []
         for plain, kept in tombs.items():
-            if _expiry(kept) > now and count <= self.max_tombstones:
+            if expiry_of(kept) > now and count <= self.max_tombstones:
                 break
             if plain in written or plain in gone:
                 continue
             drops.append(DropTombstone(CohortKey(*plain)))
             count -= 1
         for scope, mark in self.watermarks.items():
-            if _expiry(mark) > now:
+            if expiry_of(mark) > now:
                 break
             if scope not in marks:
                 drops.append(DropWatermark(scope))
         return drops
 
-    def _nothing_due(self, tombs: OrderedDict[_TombKey, bytes], now: float, written: int) -> bool:
+    def _nothing_due(
+        self, tombs: OrderedDict[RetainedKey, bytes], now: float, written: int
+    ) -> bool:
         """Whether retention surely drops nothing: the oldest tombstone and watermark
         are unexpired and even ``written`` more tombstones stay within the bound (what
         most commits find, decided without looking at their records)."""
         if len(tombs) + written > self.max_tombstones:
             return False
-        if tombs and _expiry(next(iter(tombs.values()))) <= now:
+        if tombs and expiry_of(next(iter(tombs.values()))) <= now:
             return False
         marks = self.watermarks
-        return not marks or _expiry(next(iter(marks.values()))) > now
+        return not marks or expiry_of(next(iter(marks.values()))) > now
 
     def expire_mailboxes(self, now: float) -> None:
         while self.mailboxes:
@@ -472,15 +463,15 @@ class Held:
         return WatermarkRecord(scope, attempt, expires_at) if expires_at > now else None
 
     def unexpired_tombstone(self, key: CohortKey, now: float) -> TombstoneRecord | None:
-        kept = self.tombstones.get(_tomb_key(key))
+        kept = self.tombstones.get(retained_key(key))
         if kept is None:
             return None
-        expires_at = _expiry(kept)
+        expires_at = expiry_of(kept)
         if expires_at <= now:
             return None
         # A copy of the record (a read is rare: a replay, a lookup), which the tombstone
         # then keeps as its own record() instead of packing it again.
-        return TombstoneRecord(Tombstone.from_record(kept[_EXPIRY.size :]), expires_at)
+        return TombstoneRecord(Tombstone.from_record(record_of(kept)), expires_at)
 
     def mailbox(self, tomb: Tombstone, until: float) -> None:
         """Keep ``tomb``'s outcome in its cohort's mailbox until ``until``, and no more

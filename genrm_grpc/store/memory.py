@@ -22,14 +22,32 @@ from genrm_grpc.cohort.model import CohortKey, Tombstone
 
 _PINNED_ROTATIONS_PER_EVICT = 2
 
-_Key = tuple[str | None, str | None, int, str]
+#: A retained tombstone's key: its cohort key's identity as a plain tuple, which the
+#: cyclic garbage collector stops tracking (a ``CohortKey`` is tracked).
+RetainedKey = tuple[str | None, str | None, int, str]
 
 #: A tombstone entry starts with its expiry (a native double), then its record.
 _EXPIRY = struct.Struct("d")
 
 
-def _key(key: CohortKey) -> _Key:
+def retained_key(key: CohortKey) -> RetainedKey:
     return (key.group_id, key.legacy_key, key.attempt, key.principal)
+
+
+def retained_tombstone(expires_at: float, record: bytes) -> bytes:
+    """A retained tombstone as one ``bytes``: its expiry, then its ``record()``."""
+    return _EXPIRY.pack(expires_at) + record
+
+
+def expiry_of(entry: bytes) -> float:
+    """The instant a retained entry (a tombstone, or anything packed from an expiry
+    first) expires."""
+    return float(_EXPIRY.unpack_from(entry)[0])
+
+
+def record_of(entry: bytes) -> bytes:
+    """A retained tombstone's ``record()``."""
+    return entry[_EXPIRY.size :]
 
 
 class StoreView(Protocol):
@@ -45,7 +63,7 @@ class MemoryStore:
     def __init__(self, config: StoreView) -> None:
         self._ttl = config.cohort_result_ttl_s
         self._max = config.max_terminal_cohorts
-        self._tombstones: OrderedDict[_Key, bytes] = OrderedDict()
+        self._tombstones: OrderedDict[RetainedKey, bytes] = OrderedDict()
         self._watermarks: OrderedDict[str, tuple[float, int]] = OrderedDict()
         #: Told of every tombstone (its key) and watermark (its scope) that retention
         #: drops, so that a durable store drops it too.
@@ -68,19 +86,19 @@ class MemoryStore:
         self._watermarks[group_id] = (expires, newest)
 
     def tombstone(self, key: CohortKey, now: float) -> Tombstone | None:
-        entry = self._tombstones.get(_key(key))
-        if entry is None or _EXPIRY.unpack_from(entry)[0] <= now:
+        entry = self._tombstones.get(retained_key(key))
+        if entry is None or expiry_of(entry) <= now:
             return None
-        return Tombstone.from_record(entry[_EXPIRY.size :])
+        return Tombstone.from_record(record_of(entry))
 
     def put_tombstone(
         self, tombstone: Tombstone, now: float, expires_at: float | None = None
     ) -> None:
-        key = _key(tombstone.key)
+        key = retained_key(tombstone.key)
         tombs = self._tombstones
         tombs.pop(key, None)
         expires = now + self._ttl if expires_at is None else expires_at
-        tombs[key] = _EXPIRY.pack(expires) + tombstone.record()
+        tombs[key] = retained_tombstone(expires, tombstone.record())
         # The bound holds at insert, not only at the next sweep: cohorts that end by
         # timer or shutdown, with no submission in between, must not pile up.
         while len(tombs) > self._max:
@@ -93,7 +111,7 @@ class MemoryStore:
         while tombs:
             key, entry = next(iter(tombs.items()))
             examined += 1
-            if _EXPIRY.unpack_from(entry)[0] > now and len(tombs) <= self._max:
+            if expiry_of(entry) > now and len(tombs) <= self._max:
                 break
             del tombs[key]
             self.on_evict("tombstone", CohortKey(*key))
