@@ -1,8 +1,9 @@
 """Service code per member, in one process, without gRPC (run by hand; not in ``make bench``).
 
-``python -m bench.hotpath [--members N] [--repeats R] [--profile CASE]`` drives the
-server's own ``CohortServicer`` (built by ``CohortServer`` from ``Settings``, store
-``memory://``) the way grpc.aio would, minus gRPC: ``SubmitMember`` is awaited with a
+``python -m bench.hotpath [--members N] [--repeats R] [--profile CASE] [--store S]`` drives
+the server's own ``CohortServicer`` (built by ``CohortServer`` from ``Settings``, store
+``memory://`` or, with ``--store sqlite``, a fresh SQLite file; the writer thread's CPU
+counts, as process time) the way grpc.aio would, minus gRPC: ``SubmitMember`` is awaited with a
 stand-in servicer context, a StreamGroups stream runs ``GroupStream`` over an async
 iterator of requests with a list as its writer. The judge is ``bench.service``'s
 in-process ``InstantJudge``, so no HTTP either. What is left is the work a member costs
@@ -25,6 +26,7 @@ import gc
 import json
 import pstats
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -53,10 +55,16 @@ class _Context:
     async def send_initial_metadata(self, metadata: Any) -> None:
         """The servicer names its instance in the initial metadata; nobody reads it here."""
 
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        """... and in the trailing metadata; nobody reads it here either."""
 
-def _server() -> CohortServer:
+    def trailing_metadata(self) -> Any:
+        return ()
+
+
+def _server(store: str) -> CohortServer:
     settings = Settings(
-        store="memory://",
+        store=store,
         log_level="WARNING",
         default_principle="Prefer the correct answer.",
         comparison_strategy="circular",
@@ -91,10 +99,10 @@ def _driver(server: CohortServer, case: str) -> Callable[[list[Any]], Awaitable[
     return submit if case.startswith("submit") else stream
 
 
-async def _measure(case: str, members: int, profile: bool) -> float:
+async def _measure(case: str, members: int, profile: bool, store: str = "memory://") -> float:
     size = int(case.rsplit("-", 1)[1])
     in_flight = 128 if size == 1 else 8  # groups at a time, as in make bench
-    server = _server()
+    server = _server(store)
     await server.runtime.open()
     run = _driver(server, case)
     for n in range(200 // size + 10):  # warm-up: code paths, caches
@@ -121,13 +129,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--members", type=int, default=16_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", choices=CASES)
+    parser.add_argument(
+        "--store",
+        choices=("memory", "sqlite"),
+        default="memory",
+        help="memory:// or a fresh SQLite file (the default store) per run",
+    )
     args = parser.parse_args(argv)
+
+    def measure(case: str, profile: bool) -> float:
+        if args.store == "memory":
+            return asyncio.run(_measure(case, args.members, profile))
+        with tempfile.TemporaryDirectory() as tmp:
+            url = f"sqlite:///{tmp}/hotpath.sqlite"
+            return asyncio.run(_measure(case, args.members, profile, url))
+
     if args.profile:
-        asyncio.run(_measure(args.profile, args.members, True))
+        measure(args.profile, True)
         return 0
     out: dict[str, float] = {}
     for case in CASES:
-        runs = [asyncio.run(_measure(case, args.members, False)) for _ in range(args.repeats)]
+        runs = [measure(case, False) for _ in range(args.repeats)]
         out[case] = round(min(runs), 1)
         print(f"{case}: {out[case]} µs of service code per member (min of {runs})", flush=True)
     print(json.dumps(out))

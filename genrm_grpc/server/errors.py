@@ -88,6 +88,10 @@ def grpc_status(rejection: Rejection) -> grpc.Status:
 
 
 async def abort(context: grpc.aio.ServicerContext, rejection: Rejection) -> NoReturn:
-    """End the call with the rejection's status (raises, never returns normally)."""
-    await context.abort_with_status(grpc_status(rejection))
-    raise AssertionError("abort_with_status returned")  # it always raises
+    """End the call with the rejection's status (raises, never returns normally). The
+    trailing metadata the call set before (the server instance id) goes with it: a status's
+    own trailing metadata would replace it."""
+    status = grpc_status(rejection)
+    kept = tuple(context.trailing_metadata() or ())
+    await context.abort(status.code, status.details, kept + tuple(status.trailing_metadata))
+    raise AssertionError("abort returned")  # it always raises

@@ -75,7 +75,9 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         tracer: SubmitTracer | None = None,
         instance_id: str | None = None,
     ) -> None:
-        #: This process's id, sent first (initial metadata) on every CohortService call.
+        #: This process's id, in the trailing metadata of every CohortService call and,
+        #: before it waits (for members, a judge, a stream's requests), in its initial
+        #: metadata (docs/protocol.md, "Metadata").
         self.instance_id = instance_id or new_instance_id()
         self._instance_metadata = ((SERVER_INSTANCE_METADATA, self.instance_id),)
         self._runtime = runtime
@@ -136,7 +138,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
     async def SubmitMember(
         self, request: pb.SubmitMemberRequest, context: Context
     ) -> pb.SubmitMemberResponse:
-        await context.send_initial_metadata(self._instance_metadata)
+        context.set_trailing_metadata(self._instance_metadata)
         admission = self.admission
         sub = admission.member(request, admission.principal(context))
         if isinstance(sub, Rejection):
@@ -156,14 +158,22 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
                 await ticket.persisted()
                 answer = self.replay_answer(sub, ticket)
             else:
-                assert ticket.waiter is not None
+                waiter = ticket.waiter
+                assert waiter is not None
                 ticket.interrupt_if_unwritten()
-                # A cancelled or expired call ends here; Waiter.wait removes only this waiter.
-                try:
-                    async with asyncio.timeout(admission.wait_cap(context)):
-                        outcome = await ticket.waiter.wait()
-                except TimeoutError:
-                    await abort(context, admission.wait_expired(coords_metadata(sub.coords)))
+                if waiter.future.done():
+                    # Ended in its own decision (a 1-member cohort): nothing to wait for,
+                    # so the instance id travels in the trailing metadata only.
+                    outcome = waiter.future.result()
+                else:
+                    await context.send_initial_metadata(self._instance_metadata)
+                    # A cancelled or expired call ends here; Waiter.wait removes only
+                    # this waiter.
+                    try:
+                        async with asyncio.timeout(admission.wait_cap(context)):
+                            outcome = await waiter.wait()
+                    except TimeoutError:
+                        await abort(context, admission.wait_expired(coords_metadata(sub.coords)))
                 answer = self.outcome_answer(sub, ticket, outcome)
         except CallInterrupted as exc:
             answer = self.interrupted(sub, exc)
@@ -179,6 +189,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
     async def StreamGroups(
         self, request_iterator: AsyncIterator[pb.StreamGroupsRequest], context: Context
     ) -> None:
+        context.set_trailing_metadata(self._instance_metadata)
         await context.send_initial_metadata(self._instance_metadata)
         principal = self.admission.principal(context)
         stream = GroupStream(self, request_iterator, context.peer(), principal)
@@ -187,6 +198,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
         await stream.run(context.write)
 
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
+        context.set_trailing_metadata(self._instance_metadata)
         await context.send_initial_metadata(self._instance_metadata)
         admission = self.admission
         refusal = admission.compare_refusal(request, draining=self._runtime.draining)
@@ -229,7 +241,7 @@ class CohortServicer(pb_grpc.CohortServiceServicer):
     async def GetCohort(
         self, request: pb.GetCohortRequest, context: Context
     ) -> pb.GetCohortResponse:
-        await context.send_initial_metadata(self._instance_metadata)
+        context.set_trailing_metadata(self._instance_metadata)
         coords = convert.coords_from_proto(request.member)
         bad_ids = check_ids(coords)
         if bad_ids is not None:

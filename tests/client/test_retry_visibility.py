@@ -152,6 +152,25 @@ async def test_a_different_server_on_the_same_port_under_a_retrying_call_is_a_wa
     assert len(client_log.matching("resending after")) == 1
 
 
+async def test_calls_answered_at_once_name_their_server_through_the_trailers(
+    fake_judge: FakeJudgeServer, tmp_path: Path
+) -> None:
+    """A 1-member cohort and a refusal are answered without waiting, so the server sends
+    no separate initial metadata; the client still learns (and counts) who answered."""
+    async with serving(fake_judge.url, f"sqlite:///{tmp_path / 'a.sqlite3'}") as first:
+        port = first.port
+        client = CohortClient(f"127.0.0.1:{port}", options=FAST)
+        alone = {"group_id": "alone", "group_attempt": 0, "rollout_index": 0, "group_size": 1}
+        await client.submit_member(alone, PROMPT, "four")
+        assert client.stats.server_instance == first.servicer.instance_id
+    async with serving(fake_judge.url, "memory://", port=port) as second:
+        with pytest.raises(CohortError):  # refused: a blank group id
+            await client.submit_member({**alone, "group_id": " "}, PROMPT, "four")
+        assert client.stats.server_instance == second.servicer.instance_id
+        assert client.stats.server_instance_changes == 1
+        await client.close()
+
+
 def _overloaded(code: grpc.StatusCode) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(reason=SERVER_OVERLOADED, domain="cohort.genrm.v1")
     detail = any_pb2.Any()

@@ -117,8 +117,15 @@ def make_candidate(candidate: CandidateLike) -> pb.Candidate:
 
 #: Metadata key carrying a SubmitMember's ``group_id`` (for group-affine load balancing).
 GROUP_ID_METADATA = "x-genrm-group-id"
-#: Initial-metadata key naming the server process that answers (docs/protocol.md).
+#: Metadata key naming the server process that answers (docs/protocol.md): in the
+#: trailers of every call, and in the initial metadata of a call before it waits.
 SERVER_INSTANCE_METADATA = "x-genrm-server-instance"
+
+
+def _trailers(exc: grpc.RpcError) -> Any:
+    """A failed call's trailing metadata (None for an error raised without a call)."""
+    trailing = getattr(exc, "trailing_metadata", None)
+    return trailing() if callable(trailing) else None
 
 
 #: The unary RPCs, called as unary-stream on the same method (identical on the wire): a
@@ -554,9 +561,11 @@ class CohortClient:
         await self.connect()
         call = self._unary_calls[method](request, **self._call_kwargs(timeout, ctx.get("group_id")))
         try:
-            # Sent first by the server: known while the call still waits for its answer.
+            # Sent before the server waits (members, a judge): known while the call still
+            # waits for its answer; a call answered at once carries it in its trailers.
             self._note_instance(await call.initial_metadata(), state)
             answers = [response async for response in call]
+            self._note_instance(await call.trailing_metadata(), state)
             if len(answers) != 1:
                 details = f"{method} answered {len(answers)} messages instead of one"
                 raise CohortError(
@@ -564,6 +573,7 @@ class CohortClient:
                 )
             return answers[0]
         except grpc.RpcError as exc:
+            self._note_instance(_trailers(exc), state)
             raise CohortError.from_rpc_error(exc, **ctx) from None
         except asyncio.CancelledError:
             call.cancel()
