@@ -164,6 +164,18 @@ class Waiter:
         self.on_progress = on_progress
         self.future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
 
+    @classmethod
+    def ended(cls, slot: int, outcome: Outcome) -> Waiter:
+        """A waiter whose cohort ended before it came: its outcome is there, nothing of
+        the cohort is live to attach it to."""
+        waiter = cls.__new__(cls)
+        waiter._live = None
+        waiter.slot = slot
+        waiter.on_progress = None
+        waiter.future = asyncio.get_running_loop().create_future()
+        waiter.future.set_result(outcome)
+        return waiter
+
     async def wait(self) -> Outcome:
         try:
             return await self.future

@@ -67,6 +67,7 @@ from genrm_grpc.runtime.live import (
     Live,
     ProgressCallback,
     Ticket,
+    Waiter,
     deliver,
     interrupt,
     log_outcome,
@@ -395,11 +396,13 @@ class ReplicaRuntime:
         if self._stopping.is_set():
             # Decided while this process stops: its waiters were interrupted already.
             raise self._interruption()
-        _, ticket.waiter, _ = self.judging.attach(cohort, sub.rollout_index, on_progress)
         if cohort.outcome is not None:
-            # It ended in this member's own decision (scored at once), committed already.
+            # It ended in this member's own decision (scored at once), committed already:
+            # its answer is there, and nothing of it stays live here.
             deliver(self.judging.retire(key) or [], cohort.outcome)
+            ticket.waiter = Waiter.ended(sub.rollout_index, cohort.outcome)
             return ticket
+        _, ticket.waiter, _ = self.judging.attach(cohort, sub.rollout_index, on_progress)
         if self.outcomes.ended_lately(key):
             # It may have ended while this member was decided: read its outcome.
             self.outcomes.fetch(key)
