@@ -281,3 +281,32 @@ async def test_commits_in_flight_past_the_bound_drop_each_tombstone_once(
     assert len(dropped) == len(set(dropped)) == 6, dropped
     assert len(groups.state.tombstones) == 2
     await groups.store.close()
+
+
+async def test_past_a_bound_of_64_or_more_the_oldest_64th_goes_at_once_and_nothing_until_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``max_terminal_cohorts`` 128, the insert that passes the bound drops the
+    oldest down to 126 (1/64 of the bound below it) in one commit; the next two inserts
+    drop nothing (there is room again), and the bound holds at every commit."""
+    settings = Settings(
+        store="memory://", cohort_collection_timeout_s=60.0, max_terminal_cohorts=128
+    )
+    groups = LocalGroups(settings, lease_s=10)
+    drops_per_commit: list[int] = []
+    begin = groups.begin_commit
+
+    def counted(state: GroupState, records: Sequence[Record], **kw: object) -> object:
+        before = len(groups.state.tombstones)
+        answer = begin(state, records, **kw)  # type: ignore[arg-type]
+        added = sum(1 for r in records if isinstance(r, TombstoneRecord))
+        drops_per_commit.append(before + added - len(groups.state.tombstones))
+        assert len(groups.state.tombstones) <= 128
+        return answer
+
+    monkeypatch.setattr(groups, "begin_commit", counted)
+    ended = [await _end_one(groups, f"g{n}") for n in range(131)]
+    assert [n for n in drops_per_commit if n] == [3]
+    assert len(groups.state.tombstones) == 128
+    gone = {(t.key.group_id, t.key.legacy_key, t.key.attempt, t.key.principal) for t in ended[:3]}
+    assert not set(groups.state.tombstones) & gone
