@@ -52,10 +52,12 @@ _MARK = struct.Struct("dq")
 #: A resting group (:attr:`Held.resting`): its version and tombstone count as one int,
 #: ``version * _SPAN + count`` (an int of 32 bytes, where a tuple would be 84).
 _SPAN = 1 << 32
-#: Past ``max_terminal_cohorts`` retention drops the oldest tombstones down to
-#: ``1/EVICTION_CHUNK`` of the bound below it (64 at the default 4,096; none below 64):
-#: one commit in 64 drops, the others find nothing due without reading their records.
-#: At the bound, one drop per commit cost a 1-member SubmitMember ~10 µs of ~130.
+#: Past ``max_terminal_cohorts`` retention drops the oldest tombstones until the count
+#: is ``bound // EVICTION_CHUNK`` below the bound (64 below the default 4,096; for a bound
+#: under 64, down to the bound itself): one commit in 64 drops, the others find nothing
+#: due without reading their records. In process, a 1-member SubmitMember at the bound
+#: cost ~10 µs more than below it (of ~130); this takes ~4 µs of that back (the drops
+#: themselves remain, one per evicted cohort).
 EVICTION_CHUNK = 64
 
 
@@ -400,9 +402,9 @@ class Held:
         tombstones. Records like any other, so that a file behind writes them too.
 
         Amortised O(1): the oldest entries come first, and it stops at the first one
-        that stays. Past the bound it drops the oldest down to ``EVICTION_CHUNK``-th of it
-        below (at least one): the bound still holds at every commit, and the 1-in-64
-        commit that drops pays the look at the records, not each commit at the bound.
+        that stays. Past the bound it drops down to ``bound // EVICTION_CHUNK`` below it:
+        the bound still holds at every commit, and only the commit that drops looks at
+        its records, not each commit at the bound.
         """
         tombs = self.tombstones
         if self._nothing_due(tombs, now, len(records)):
