@@ -158,8 +158,8 @@ class Waiter:
 
     __slots__ = ("_live", "future", "on_progress", "slot")
 
-    def __init__(self, live: Live, slot: int, on_progress: ProgressCallback | None) -> None:
-        self._live: Live | None = live
+    def __init__(self, live: Live | None, slot: int, on_progress: ProgressCallback | None) -> None:
+        self._live = live
         self.slot = slot
         self.on_progress = on_progress
         self.future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
@@ -168,11 +168,7 @@ class Waiter:
     def ended(cls, slot: int, outcome: Outcome) -> Waiter:
         """A waiter whose cohort ended before it came: its outcome is there, nothing of
         the cohort is live to attach it to."""
-        waiter = cls.__new__(cls)
-        waiter._live = None
-        waiter.slot = slot
-        waiter.on_progress = None
-        waiter.future = asyncio.get_running_loop().create_future()
+        waiter = cls(None, slot, None)
         waiter.future.set_result(outcome)
         return waiter
 
