@@ -6,7 +6,6 @@ kept in dicts, heaps and insertion-ordered dicts so that nothing walks what is h
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import math
 import struct
@@ -30,6 +29,7 @@ from genrm_grpc.cohort.records import (
     VerdictRecord,
     WatermarkRecord,
 )
+from genrm_grpc.store.instant_index import Index
 from genrm_grpc.store.lease import Lease
 from genrm_grpc.store.memory import (
     RetainedKey,
@@ -100,51 +100,6 @@ class Group:
 
     def lease_held(self, now: float) -> bool:
         return self.lease is not None and self.lease.valid_until > now
-
-
-class Index:
-    """Keys by instant (a deadline, a lease's expiry): the due ones in O(k log n).
-
-    A key filed again, or taken out, leaves its older heap entries behind; they are
-    dropped as they reach the top.
-    """
-
-    def __init__(self) -> None:
-        self.at: dict[CohortKey, float] = {}
-        self._heap: list[tuple[float, int, CohortKey]] = []
-        self._order = itertools.count()
-
-    def file(self, key: CohortKey, instant: float) -> None:
-        self.at[key] = instant
-        heap = self._heap
-        heapq.heappush(heap, (instant, next(self._order), key))
-        if len(heap) > 2 * len(self.at) + 64:
-            # Entries left behind are dropped by :meth:`due` as they reach the top; an
-            # index nobody polls (deadlines that are timers) is rebuilt from what is
-            # filed instead, so it never holds more than twice that (amortised O(1)).
-            self._heap = [(at, next(self._order), k) for k, at in self.at.items()]
-            heapq.heapify(self._heap)
-
-    def refile(self, key: CohortKey, instant: float) -> None:
-        """File ``key`` again only if it is filed (Redis's ``ZADD XX``)."""
-        if key in self.at:
-            self.file(key, instant)
-
-    def remove(self, key: CohortKey) -> None:
-        self.at.pop(key, None)
-
-    def due(self, now: float, limit: int) -> list[CohortKey]:
-        found: list[tuple[float, int, CohortKey]] = []
-        seen: set[CohortKey] = set()
-        heap = self._heap
-        while heap and heap[0][0] <= now and len(found) < limit:
-            entry = heapq.heappop(heap)
-            if self.at.get(entry[2]) == entry[0] and entry[2] not in seen:
-                seen.add(entry[2])
-                found.append(entry)
-        for entry in found:  # still filed: due until the key is filed again or removed
-            heapq.heappush(heap, entry)
-        return [entry[2] for entry in found]
 
 
 class Held:
