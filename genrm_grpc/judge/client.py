@@ -133,6 +133,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+#: Backoff jitter from a generator of its own, not the ``random`` module's shared one:
+#: a process that seeds ``random`` for a reproducible run draws the same numbers
+#: whether or not the judge was retried.
+_JITTER = _random.Random()
 
 OFFLOAD_BYTES = 64 * 1024
 """Bodies at least this large are decoded and parsed in a worker thread, not on the loop."""
@@ -160,7 +164,7 @@ class JudgeClient(EndpointChecks):
         *,
         connect_retries: int = 2,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        random: Callable[[], float] = _random.random,
+        random: Callable[[], float] = _JITTER.random,
         clock: Callable[[], float] = time.monotonic,
         observer: JudgeObserver | None = None,
         reachability: ReachabilityListener | None = None,

@@ -53,6 +53,10 @@ from genrm_grpc.store.memory import MemoryStore, StoreView
 from genrm_grpc.store.records import StoreError
 
 log = logging.getLogger(__name__)
+#: Jitter from a generator of its own, not the ``random`` module's shared one: a
+#: process that seeds ``random`` for a reproducible run draws the same numbers
+#: whether or not a commit was retried.
+_JITTER = random.Random()
 
 #: Group states a replica keeps from its own commits, and keys it saw others write.
 STATE_CACHE = 1024
@@ -217,7 +221,7 @@ class GroupDecisions:
             if not committed.written:
                 if cached:
                     self._unshare(key)
-                await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 20)))
+                await asyncio.sleep(_JITTER.uniform(0, 0.001 * min(attempt + 1, 20)))
                 continue
             self._finish(done, committed)
             return True

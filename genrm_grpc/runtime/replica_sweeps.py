@@ -26,6 +26,10 @@ from genrm_grpc.runtime.leased import LeasedEvaluations
 from genrm_grpc.store.records import StoreError
 
 log = logging.getLogger(__name__)
+#: Jitter from a generator of its own, not the ``random`` module's shared one: a
+#: process that seeds ``random`` for a reproducible run draws the same numbers
+#: whether or not a sweep ran.
+_JITTER = random.Random()
 
 #: How often each replica looks for due deadlines and orphaned evaluations.
 SWEEP_S = 0.25
@@ -74,7 +78,7 @@ class Sweeps:
         clock = self._clock
         recheck = clock.now() + RECHECK_S
         while not self._stopping.is_set():
-            await sleep(clock, SWEEP_S * random.uniform(0.8, 1.2))
+            await sleep(clock, SWEEP_S * _JITTER.uniform(0.8, 1.2))
             if clock.now() >= recheck:
                 recheck = clock.now() + RECHECK_S
                 await self._recheck()

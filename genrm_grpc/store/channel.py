@@ -26,6 +26,10 @@ from genrm_grpc.store.redis import UNAVAILABLE
 from genrm_grpc.store.redis_keys import key_from, key_text
 
 log = logging.getLogger(__name__)
+#: Jitter from a generator of its own, not the ``random`` module's shared one: a
+#: process that seeds ``random`` for a reproducible run draws the same numbers
+#: whether or not the channel reconnected.
+_JITTER = random.Random()
 
 #: Prefix of a channel message announcing that a cohort grew (eager judging); a message
 #: without it names a cohort that ended.
@@ -91,7 +95,7 @@ async def _listen(
                         log.warning("ignored a malformed message on %s", channel)
         except (*UNAVAILABLE, RedisError, StoreError) as exc:
             log.warning("lost the replicas' channel on %s: %s", address, exc)
-            await asyncio.sleep(backoff + random.uniform(0, backoff))
+            await asyncio.sleep(backoff + _JITTER.uniform(0, backoff))
             backoff = min(backoff * 2, 1.0)
         finally:
             try:

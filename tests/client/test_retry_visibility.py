@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -228,6 +229,30 @@ async def test_server_overloaded_is_resent_with_backoff_and_counted_per_reason(
         "RESOURCE_EXHAUSTED/SERVER_OVERLOADED": 1,
     }
     assert len(client_log.matching("resending after UNAVAILABLE/SERVER_OVERLOADED")) == 1
+
+
+async def test_retry_jitter_leaves_the_callers_seeded_random_sequence_alone() -> None:
+    # A trainer seeds ``random`` for a reproducible run; a retried call must not shift it.
+    servicer = _Overloaded([grpc.StatusCode.UNAVAILABLE] * 3)
+    server = grpc.aio.server()
+    pb_grpc.add_CohortServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    sleeps: list[float] = []
+    policy = RetryPolicy(
+        initial_backoff_s=0.001,
+        max_backoff_s=0.001,
+        jitter_s=0.002,
+        on_retry=lambda exc, calls, sleep: sleeps.append(sleep),
+    )
+    before = random.getstate()
+    try:
+        async with CohortClient(f"127.0.0.1:{port}", retry=policy) as client:
+            await client.submit_member(ref(0), PROMPT, "four")
+    finally:
+        await server.stop(None)
+    assert len(sleeps) == 3 and len(set(sleeps)) == 3  # jittered: three different waits
+    assert random.getstate() == before
 
 
 @pytest.mark.parametrize(

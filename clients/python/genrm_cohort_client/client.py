@@ -52,6 +52,10 @@ __all__ = [
 T = TypeVar("T")
 
 log = logging.getLogger("genrm_cohort_client")
+#: Jitter from a generator of its own, not the ``random`` module's shared one: a
+#: process that seeds ``random`` for a reproducible run draws the same numbers
+#: whether or not a call was retried.
+_JITTER = random.Random()
 
 PromptLike = pb.Prompt | str | Sequence[tuple[str, str]] | Sequence[Mapping[str, str]]
 """A ``Prompt``, a single user turn, ``(role, content)`` pairs or ``{"role", "content"}`` dicts."""
@@ -393,7 +397,7 @@ class CohortClient:
 
         def wait(retry_state: tenacity.RetryCallState) -> float:
             backoff = policy.initial_backoff_s * 2.0 ** min(state.retries, 64)
-            sleep = min(policy.max_backoff_s, backoff) + random.uniform(0, policy.jitter_s)
+            sleep = min(policy.max_backoff_s, backoff) + _JITTER.uniform(0, policy.jitter_s)
             return max(0.0, min(sleep, self._retry_budget_left(policy, state)))
 
         def before_sleep(retry_state: tenacity.RetryCallState) -> None:
