@@ -108,6 +108,9 @@ class Proc:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 class Judge(Proc):

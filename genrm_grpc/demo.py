@@ -128,6 +128,8 @@ def _process(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # the readiness line's pipe
 
 
 @contextlib.contextmanager

@@ -104,7 +104,7 @@ class _Server:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
-        self.proc = None
+        self._forget()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -114,6 +114,12 @@ class _Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._forget()
+
+    def _forget(self) -> None:
+        """The process is gone: close the pipe its readiness line came on."""
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
         self.proc = None
 
 

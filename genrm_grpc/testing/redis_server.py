@@ -172,12 +172,15 @@ class RedisServer:
 
     def _spawn(self) -> None:
         config = self._config()
-        proc = subprocess.Popen(
-            [self.binary, str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        # What it says before its log file is open (a bad config line) goes to a file
+        # beside it, read back in a start-up error; a pipe nobody read held a descriptor.
+        with open(self.dir / "redis.stderr", "ab") as stderr:
+            proc = subprocess.Popen(
+                [self.binary, str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
         self._wait_ready(proc)
         self.proc = proc
 
@@ -194,8 +197,8 @@ class RedisServer:
             time.sleep(0.01)  # waiting for readiness, not ordering anything
 
     def _log(self) -> str:
-        try:
-            lines = (self.dir / "redis.log").read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return " | ".join(lines[-3:])
+        lines: list[str] = []
+        for name in ("redis.stderr", "redis.log"):
+            with contextlib.suppress(OSError):
+                lines += (self.dir / name).read_text(errors="replace").splitlines()[-3:]
+        return " | ".join(lines) or "(no log)"

@@ -17,6 +17,13 @@ from typing import Any
 PY = (sys.executable, "-m", "genrm_grpc.cli")
 
 
+def _close_pipes(proc: subprocess.Popen[str]) -> None:
+    """A process that ended: close the pipes this side kept (its readiness line's)."""
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -48,6 +55,8 @@ class FakeJudgeProcess:
         line = proc.stdout.readline()
         if "listening on" not in line:
             proc.kill()
+            proc.wait(timeout=30)
+            _close_pipes(proc)
             raise RuntimeError(f"fake judge did not start: {line!r}")
         self.proc = proc
         return self
@@ -61,6 +70,7 @@ class FakeJudgeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        _close_pipes(self.proc)
         self.proc = None
 
     def stats(self) -> dict[str, Any]:
@@ -82,6 +92,7 @@ class FakeJudgeProcess:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(timeout=30)
+        _close_pipes(self.proc)
         self.proc = None
 
     def control(self, **changes: Any) -> dict[str, Any]:
@@ -141,6 +152,7 @@ class ServerProcess:
         line = proc.stdout.readline()
         if not line.startswith("genrm-grpc serving on"):
             proc.kill()
+            self.stop()  # its stderr read to the end, its pipes closed
             raise RuntimeError(f"server did not start: {line!r} {self.log_lines()}")
         self.target = line.rsplit(" ", 1)[1].strip()
         return self
@@ -165,6 +177,7 @@ class ServerProcess:
             self._proc.wait()
         if self._reader is not None:
             self._reader.join(timeout=10)
+        _close_pipes(self._proc)
         self._proc = None
 
     def __exit__(self, *exc: object) -> None:
@@ -214,6 +227,7 @@ class RestartableServer:
         if not line.startswith("genrm-grpc serving on"):
             proc.kill()
             proc.wait(timeout=30)
+            _close_pipes(proc)
             raise RuntimeError(f"server did not start: {line!r} {self.log.read_text()[-3000:]}")
         self.proc = proc
         self.starts += 1
@@ -224,6 +238,7 @@ class RestartableServer:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
+        _close_pipes(self.proc)
         self.proc = None
 
     def stop(self) -> int:
@@ -231,6 +246,7 @@ class RestartableServer:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout=60)
+        _close_pipes(self.proc)
         self.proc = None
         return code
 
@@ -242,6 +258,7 @@ class RestartableServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
+            _close_pipes(self.proc)
             self.proc = None
 
     def metric(self, name: str) -> float:

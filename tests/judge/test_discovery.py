@@ -57,6 +57,7 @@ def dns_server() -> Iterator[tuple[Records, str]]:
         yield records, f"127.0.0.1:{port}"
     finally:
         server.stop()
+        server.server.server_close()  # dnslib's stop() leaves its socket open
 
 
 def _discovery(nameserver: str, seen: list[tuple[str, ...]], **kw: object) -> DnsDiscovery:

@@ -79,6 +79,9 @@ def server_process() -> Iterator[Any]:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=30)
+            proc.stdout.close()
+            if proc.stderr is not None:
+                proc.stderr.close()
 
 
 async def _health_cli(*args: str) -> tuple[int, str]:

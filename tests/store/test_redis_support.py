@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import redis
@@ -57,3 +60,29 @@ def test_a_missing_binary_is_one_clear_line(
     with pytest.raises(RedisBinaryMissing, match="not an executable") as caught:
         find_redis_server()
     assert "\n" not in str(caught.value)
+
+
+def test_starting_and_stopping_a_server_leaves_nothing_unclosed() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        server = RedisServer()
+        server.start()
+        server.kill()
+        server.restart()
+        server.close()
+        del server
+        gc.collect()
+    assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
+
+
+def test_what_a_server_says_before_its_log_opens_is_in_the_start_up_error(
+    tmp_path: Path,
+) -> None:
+    # A stand-in binary that fails as redis-server does on a bad config line.
+    binary = tmp_path / "redis-server"
+    binary.write_text("#!/bin/sh\necho '*** FATAL CONFIG FILE ERROR: Bad directive' >&2\nexit 1\n")
+    binary.chmod(0o755)
+    server = RedisServer(binary=str(binary))
+    with pytest.raises(RuntimeError, match="FATAL CONFIG FILE ERROR"):
+        server.start()
+    server.close()
