@@ -146,6 +146,8 @@ def test_collect_with_wait_for_server_waits_for_a_server_that_starts_later(
         if collect.poll() is None:
             collect.kill()
             collect.wait()
+        if collect.stderr is not None:
+            collect.stderr.close()
     results = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(results) == 3 and all(isinstance(r["reward"], float) for r in results)
 

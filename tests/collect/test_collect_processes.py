@@ -33,6 +33,8 @@ def process(args: list[str], ready: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def judge_stats(url: str) -> dict[str, Any]:
@@ -89,6 +91,7 @@ def test_killed_collector_resumes_without_rejudging_completed_groups(tmp_path: P
                 collector.send_signal(signal.SIGKILL)
                 break
         collector.wait(timeout=20)
+        collector.stderr.close()
         assert collector.returncode == -signal.SIGKILL
         done_before = {r["_ng_group_key"] for r in map(json.loads, out.read_text().splitlines())}
         assert 1 <= len(done_before) < GROUPS
