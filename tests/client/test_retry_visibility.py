@@ -200,27 +200,34 @@ class _Overloaded(_Recorder):
         return await super().SubmitMember(request, context)
 
 
-async def test_server_overloaded_is_resent_with_backoff_and_counted_per_reason(
-    client_log: ClientLog,
-) -> None:
-    refusals = [grpc.StatusCode.UNAVAILABLE] * 4 + [grpc.StatusCode.RESOURCE_EXHAUSTED]
+async def _through_refusals(
+    refusals: list[grpc.StatusCode], **policy: Any
+) -> tuple[pb.MemberResult, _Overloaded, CohortClient, list[float]]:
+    """One member sent to a server that refuses its first ``refusals`` calls, under a
+    ``RetryPolicy(**policy)``: its result, the server, the (closed) client and the waits
+    between its calls."""
     servicer = _Overloaded(refusals)
     server = grpc.aio.server()
     pb_grpc.add_CohortServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     sleeps: list[float] = []
-    policy = RetryPolicy(
-        initial_backoff_s=0.001,
-        max_backoff_s=0.004,
-        jitter_s=0.0,
-        on_retry=lambda exc, calls, sleep: sleeps.append(sleep),
-    )
+    retry = RetryPolicy(**policy, on_retry=lambda exc, calls, sleep: sleeps.append(sleep))
     try:
-        async with CohortClient(f"127.0.0.1:{port}", retry=policy) as client:
+        async with CohortClient(f"127.0.0.1:{port}", retry=retry) as client:
             result = await client.submit_member(ref(0), PROMPT, "four")
     finally:
         await server.stop(None)
+    return result, servicer, client, sleeps
+
+
+async def test_server_overloaded_is_resent_with_backoff_and_counted_per_reason(
+    client_log: ClientLog,
+) -> None:
+    refusals = [grpc.StatusCode.UNAVAILABLE] * 4 + [grpc.StatusCode.RESOURCE_EXHAUSTED]
+    result, servicer, client, sleeps = await _through_refusals(
+        refusals, initial_backoff_s=0.001, max_backoff_s=0.004, jitter_s=0.0
+    )
     assert result.reward == 0.5 and servicer.calls == 6
     assert sleeps == [0.001, 0.002, 0.004, 0.004, 0.004]  # exponential, capped
     assert client.stats.retries == 5
@@ -233,24 +240,13 @@ async def test_server_overloaded_is_resent_with_backoff_and_counted_per_reason(
 
 async def test_retry_jitter_leaves_the_callers_seeded_random_sequence_alone() -> None:
     # A trainer seeds ``random`` for a reproducible run; a retried call must not shift it.
-    servicer = _Overloaded([grpc.StatusCode.UNAVAILABLE] * 3)
-    server = grpc.aio.server()
-    pb_grpc.add_CohortServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    sleeps: list[float] = []
-    policy = RetryPolicy(
+    before = random.getstate()
+    _, _, _, sleeps = await _through_refusals(
+        [grpc.StatusCode.UNAVAILABLE] * 3,
         initial_backoff_s=0.001,
         max_backoff_s=0.001,
         jitter_s=0.002,
-        on_retry=lambda exc, calls, sleep: sleeps.append(sleep),
     )
-    before = random.getstate()
-    try:
-        async with CohortClient(f"127.0.0.1:{port}", retry=policy) as client:
-            await client.submit_member(ref(0), PROMPT, "four")
-    finally:
-        await server.stop(None)
     assert len(sleeps) == 3 and len(set(sleeps)) == 3  # jittered: three different waits
     assert random.getstate() == before
 
