@@ -173,8 +173,9 @@ class RedisServer:
     def _spawn(self) -> None:
         config = self._config()
         # What it says before its log file is open (a bad config line) goes to a file
-        # beside it, read back in a start-up error; a pipe nobody read held a descriptor.
-        with open(self.dir / "redis.stderr", "ab") as stderr:
+        # beside it (this start's only), read back in a start-up error; a pipe nobody
+        # read held a descriptor.
+        with open(self.dir / "redis.stderr", "wb") as stderr:
             proc = subprocess.Popen(
                 [self.binary, str(config)],
                 stdin=subprocess.DEVNULL,
