@@ -42,6 +42,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK
 
 
+def thread_cpu(pid: int) -> dict[int, tuple[str, float, float]]:
+    """Each thread of a process by its id: its kernel name (``comm``) and its user and
+    system CPU seconds (``/proc/PID/task/TID/stat``). A thread that ends while it is
+    read is left out."""
+    threads: dict[int, tuple[str, float, float]] = {}
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        threads[int(task.name)] = (comm, int(fields[11]) / _CLK, int(fields[12]) / _CLK)
+    return threads
+
+
 class Proc:
     """A child process that prints one readiness line with its address."""
 
@@ -98,6 +113,9 @@ class Proc:
 
     def cpu(self) -> float:
         return cpu_seconds(self.pid)
+
+    def threads(self) -> dict[int, tuple[str, float, float]]:
+        return thread_cpu(self.pid)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

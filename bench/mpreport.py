@@ -199,7 +199,7 @@ def target_rows(out: dict[str, Any]) -> list[list[str]]:
                     "1-member groups, SubmitMember on the default store (SQLite) ≥ "
                     f"{TARGETS['single_sqlite']}× a bare echo",
                     _spread(on_file),
-                    mark(ok) + ("" if ok else " (§2, §11)"),
+                    mark(ok) + ("" if ok else " (§2, §5, §11)"),
                 ]
             )
     ret = out.get("retained")
@@ -545,14 +545,24 @@ def profile_section(out: dict[str, Any]) -> str:
     lines = [
         "## 5. Where the server's CPU goes (py-spy)",
         "",
-        "`py-spy record --pid --gil` on the server process at 250 Hz while the load "
-        "generator drives it: only samples of the thread holding the GIL, i.e. Python "
+        "`py-spy record --pid --gil --threads` on the server process at 250 Hz while the "
+        "load generator drives it: only samples of the thread holding the GIL, i.e. Python "
         "work (native time inside grpcio's Cython core is charged to the Python line that "
         "called it, e.g. `context.write`, `async for request`). A sample counts for the "
         "judge HTTP client when its stack holds a frame of `genrm_grpc/judge/client.py` (or "
         "of the modules it is split into: `transport.py`, `wire.py`, `attempts.py`, "
         "`checks.py`, `texts.py`, `sse.py`) or of its HTTP library, for the service code "
         "when it holds another project frame.",
+        "",
+        "Each profile also gives the server's CPU per member by thread over the same run "
+        "(`/proc/PID/task/TID/stat`, user and system time) and each thread's share of the "
+        "GIL samples. Python threads carry their Python names (`py-spy dump`), the others "
+        "the names gRPC core gives them: `MainThread` runs the event loop and everything "
+        "the service does in Python; `Thread-1 (_poll_wrapper)` is grpcio's poller of "
+        "gRPC core's completion queue; `event_engine` and `grpc_global_tim` are gRPC core's "
+        "own threads; `asyncio_0` is the event loop's default executor; "
+        "`genrm-sqlite-writer` is the SQLite store's writer (it encodes, writes and commits "
+        "what the event loop hands it).",
     ]
     if "error" in prof:
         return "\n".join([*lines, "", f"py-spy failed: {prof['error']}"])
@@ -560,6 +570,7 @@ def profile_section(out: dict[str, Any]) -> str:
         "SubmitMember": "SubmitMember, 1-member groups",
         "StreamGroups": "StreamGroups, 1-member groups",
         "judge": "SubmitMember, 16-member groups with the instant judge (the judge-call path)",
+        "sqlite": "SubmitMember, 1-member groups on the default store (a fresh SQLite file)",
     }
     for label, p in prof.items():
         lines += ["", f"### {titles.get(label, label)}", ""]
@@ -585,9 +596,36 @@ def profile_section(out: dict[str, Any]) -> str:
                     for s, i in _zip_longest(p["self"][:10], p.get("project", [])[:10])
                 ],
             ),
+            *_thread_table(p),
         ]
     lines += ["", *profile_findings(out)]
     return "\n".join(lines)
+
+
+def _thread_table(p: dict[str, Any]) -> list[str]:
+    rows = p.get("by_thread")
+    if not rows:
+        return []
+    return [
+        "",
+        md_table(
+            ["thread", "threads", "user µs/member", "system µs/member", "GIL samples %"],
+            [
+                [
+                    r["thread"],
+                    str(r["threads"]),
+                    num(r["user_us"], 0),
+                    num(r["system_us"], 0),
+                    num(r["gil_pct"]),
+                ]
+                for r in rows
+            ],
+        ),
+    ]
+
+
+def _thread(p: dict[str, Any], prefix: str) -> dict[str, Any] | None:
+    return next((r for r in p.get("by_thread", []) if r["thread"].startswith(prefix)), None)
 
 
 def _share(p: dict[str, Any], prefix: str) -> float:
@@ -647,7 +685,30 @@ def profile_findings(out: dict[str, Any]) -> list[str]:
                 else ""
             )
         )
+    found += _sqlite_profile_finding(prof)
     return found + same_work_findings(out)
+
+
+def _sqlite_profile_finding(prof: dict[str, Any]) -> list[str]:
+    """What the default store adds to a 1-member SubmitMember, thread by thread, from the
+    two profiled runs (``memory://``, then SQLite; one after the other, not interleaved)."""
+    on_file = prof.get("sqlite", {})
+    loop, writer = _thread(on_file, "MainThread"), _thread(on_file, "genrm-sqlite-writer")
+    mem_loop = _thread(prof.get("SubmitMember", {}), "MainThread")
+    if not (loop and writer and mem_loop):
+        return []
+    extra = (loop["user_us"] + loop["system_us"]) - (mem_loop["user_us"] + mem_loop["system_us"])
+    return [
+        f"- **1-member SubmitMember on SQLite**: {on_file['cpu_us_per_member']:.0f} µs of "
+        f"server CPU per member. The writer thread used {num(writer['user_us'], 0)} µs of user "
+        f"and {num(writer['system_us'], 0)} µs of system time per member and held the GIL "
+        f"in {num(writer['gil_pct'])}% of the samples; the event loop's thread used "
+        f"{num(loop['user_us'], 0)} and {num(loop['system_us'], 0)} µs, "
+        f"{num(abs(extra), 0)} µs {'more' if extra >= 0 else 'less'} than on `memory://` in "
+        f"its own run ({num(mem_loop['user_us'], 0)} and {num(mem_loop['system_us'], 0)} µs). "
+        "The two runs were one after the other, not interleaved: differences of a few tens "
+        "of µs are within what load on the shared cores moves."
+    ]
 
 
 def _cpu(summary: dict[str, Any], side: str) -> float:
@@ -718,6 +779,9 @@ def same_work_findings(out: dict[str, Any]) -> list[str]:
             if ratio >= TARGETS[key or api]:
                 continue
             a, b = _cpu(summary, mine), _cpu(summary, other)
+            if key == "single_sqlite" and "service" in summary:
+                found.append(_default_store_finding(summary, ratio))
+                continue
             found.append(
                 f"- **{api}, {what}** ({ratio:.2f}×): {num(a, 0)} µs of server CPU per member "
                 f"against {num(b, 0)} µs on the other side of the same work in this run, a CPU "
@@ -746,6 +810,38 @@ def same_work_findings(out: dict[str, Any]) -> list[str]:
                 )
             )
     return found
+
+
+def _default_store_finding(summary: dict[str, Any], ratio: float) -> str:
+    """The default store's 1-member ✘, split into what the service path costs on any store
+    (its ``memory://`` side, same rounds) and what the store adds (thread by thread:
+    :func:`_sqlite_profile_finding`)."""
+    a, m, b = (_cpu(summary, side) for side in ("service-sqlite", "service", "echo"))
+    on_memory = summary["ratios"]["service"]["median"]
+    store = (
+        f"and {num(a - m, 0)} µs is the store: the records of each cohort encoded, written "
+        "and committed (fsync) by the writer thread before the member is answered."
+        if a >= m
+        else f"and the SQLite side used {num(m - a, 0)} µs less than `memory://` in these "
+        "rounds: the store's cost is within the rounds' spread here."
+    )
+    text = (
+        f"- **SubmitMember, 1-member groups on the default store (SQLite) vs a bare echo** "
+        f"({ratio:.2f}×): {num(a, 0)} µs of server CPU per member against the echo's "
+        f"{num(b, 0)} µs in this run, a CPU ratio of {b / a:.2f}×. Of the {num(a - b, 0)} µs "
+        f"between them, {num(m - b, 0)} µs is the service's own path, which the same server "
+        f"on `memory://` pays as well ({num(m, 0)} µs per member; {on_memory:.2f}× the echo "
+        f"in the same rounds), {store}"
+    )
+    if m - b > a - m:
+        missed = on_memory < TARGETS["single"]
+        text += (
+            " Most of the distance is the service path, not the store"
+            + (f": `memory://` misses its own target too ({TARGETS['single']}×)" if missed else "")
+            + '; where it goes: the 1-member profiles above and the hand-kept section "The '
+            'SQLite write path".'
+        )
+    return text
 
 
 def store_section(out: dict[str, Any]) -> str:

@@ -21,7 +21,9 @@ Sections (each compares its sides in the same run, alternating the order round b
                   judge ever saw in flight (must never exceed C).
 - ``retained``    p99 member latency with 100 vs 50,000 retained cohorts (two servers,
                   the store at its cap so every new cohort evicts one).
-- ``profile``     py-spy on the server while it serves 1-member groups (both APIs).
+- ``profile``     py-spy on the server while it serves 1-member groups (both APIs; and
+                  SubmitMember on the default store) and 16-member groups, with the
+                  server's CPU per thread over the same run.
 - ``store``       the SQLite store (a fresh file per server) vs ``memory://``: 16-member
                   groups on both APIs; restart recovery time of a real ``genrm-grpc
                   serve`` on a file holding 10,000 retained and 100 active cohorts vs an
@@ -32,7 +34,7 @@ Sections (each compares its sides in the same run, alternating the order round b
                   trips and commands per member.
 
 Every ``genrm-grpc serve`` gets its store through ``GENRM_STORE``: ``memory://``, except
-the SQLite sides of ``single`` and ``store`` (a fresh file each in the run's log
+the SQLite sides of ``single``, ``profile`` and ``store`` (a fresh file each in the run's log
 directory).
 """
 
@@ -43,6 +45,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import subprocess
@@ -744,18 +747,28 @@ def _category(frames: Sequence[str]) -> str:
 
 def summarise_profile(raw: str, top: int = 15) -> dict[str, Any]:
     """Self and inclusive sample shares per function from py-spy's collapsed stacks, the
-    top project functions, and the share of samples per category of work."""
+    top project functions, the share of samples per category of work and, when the stacks
+    begin with py-spy's thread frame (``--threads``), per thread."""
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
     cats: collections.Counter[str] = collections.Counter()
+    threads: collections.Counter[tuple[int, str]] = collections.Counter()
     total = 0
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         n = int(count)
-        frames = [_frame(f) for f in stack.split(";")]
+        raw_frames = stack.split(";")
+        thread = _THREAD_FRAME.match(raw_frames[0])
+        if thread is not None:
+            threads[(int(thread.group(1)), thread.group(2))] += n
+            raw_frames = raw_frames[1:]
         total += n
+        if not raw_frames:
+            cats["gRPC core and the event loop only (no project frame on the stack)"] += n
+            continue
+        frames = [_frame(f) for f in raw_frames]
         own[frames[-1]] += n
         cats[_category(frames)] += n
         for f in set(frames):
@@ -773,81 +786,183 @@ def summarise_profile(raw: str, top: int = 15) -> dict[str, Any]:
         "inclusive": share(incl),
         "project": share(project),
         "categories": share(cats, 10),
+        "threads": [[tid, name, round(100 * k / total, 1)] for (tid, name), k in threads.items()],
     }
+
+
+#: py-spy's first frame of a stack under ``--threads``: ``thread (TID): NAME``.
+_THREAD_FRAME = re.compile(r"thread \((\d+)\): (.*)")
+
+
+#: A thread in ``py-spy dump``'s output: ``Thread TID (idle): "NAME"``.
+_DUMPED_THREAD = re.compile(r'^Thread (\d+) \([^)]*\): "(.*)"$', re.MULTILINE)
+
+
+def python_threads(spy: str, pid: int) -> dict[int, str]:
+    """The Python name of each Python thread of a process, by thread id (``py-spy
+    dump``); empty when the dump fails."""
+    dump = subprocess.run(
+        [spy, "dump", "--pid", str(pid), "--nonblocking"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return {int(tid): name for tid, name in _DUMPED_THREAD.findall(dump.stdout)}
+
+
+def thread_rows(
+    pid: int,
+    before: dict[int, tuple[str, float, float]],
+    after: dict[int, tuple[str, float, float]],
+    spied: Sequence[Sequence[Any]],
+    members: int,
+    python_names: dict[int, str],
+) -> list[dict[str, Any]]:
+    """CPU per member of each kind of thread of the server in one profiled run, with its
+    share of the GIL samples. A Python thread has its Python name, any other the kernel's
+    (``comm``: gRPC core's threads name themselves); threads of one name are summed
+    (gRPC's event-engine pool). The main thread is the event loop."""
+    names = {**python_names, **{int(tid): str(name) for tid, name, _ in spied}}
+    gil = {int(tid): float(pct) for tid, _, pct in spied}
+    rows: dict[str, dict[str, Any]] = {}
+    for tid, (comm, user, system) in after.items():
+        _, user0, system0 = before.get(tid, (comm, 0.0, 0.0))
+        name = names.get(tid, comm)
+        if tid == pid:
+            name = f"{name} (the event loop)"
+        row = rows.setdefault(
+            name, {"thread": name, "threads": 0, "user_us": 0.0, "system_us": 0.0, "gil_pct": 0.0}
+        )
+        row["threads"] += 1
+        row["user_us"] += (user - user0) / members * 1e6 if members else math.nan
+        row["system_us"] += (system - system0) / members * 1e6 if members else math.nan
+        row["gil_pct"] += gil.get(tid, 0.0)
+    kept = [r for r in rows.values() if r["user_us"] + r["system_us"] > 0 or r["gil_pct"] > 0]
+    return sorted(kept, key=lambda r: -(r["user_us"] + r["system_us"]))
+
+
+def _py_spy() -> str | None:
+    here = pathlib.Path(sys.executable).parent
+    return shutil.which("py-spy", path=str(here)) or shutil.which("py-spy")
+
+
+def profiled(
+    spy: str,
+    plan: MultiPlan,
+    load: LoadGen,
+    service: Proc,
+    path: pathlib.Path,
+    *,
+    api: str,
+    size: int,
+    in_flight: int,
+) -> dict[str, Any]:
+    """One py-spy recording (``--gil --threads``) of ``service`` under load, with the
+    server's CPU per member, whole and per thread, over the same run."""
+    spy_proc = subprocess.Popen(
+        [
+            spy,
+            "record",
+            "--pid",
+            str(service.pid),
+            "--duration",
+            str(math.ceil(plan.profile_s) + 1),
+            "--rate",
+            "250",
+            "--gil",
+            "--threads",
+            "--format",
+            "raw",
+            "--nonblocking",
+            "-o",
+            str(path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)
+    cpu0, threads0 = service.cpu(), service.threads()
+    res = load.run(
+        target=service.target,
+        api=api,
+        prefix=f"prof-{path.stem}",
+        size=size,
+        in_flight=in_flight,
+        duration_s=plan.profile_s,
+        answer_bytes=plan.answer_bytes,
+    )
+    cpu, threads1 = service.cpu() - cpu0, service.threads()
+    _, err = spy_proc.communicate(timeout=60)
+    if spy_proc.returncode != 0 or not path.exists():
+        return {"error": (err or "")[-500:]}
+    summary = summarise_profile(path.read_text())
+    members = int(res["members"])
+    summary["cpu_us_per_member"] = cpu / members * 1e6 if members else math.nan
+    summary["members_per_s"] = res["members_per_s"]
+    summary["by_thread"] = thread_rows(
+        service.pid,
+        threads0,
+        threads1,
+        summary["threads"],
+        members,
+        python_threads(spy, service.pid),
+    )
+    summary.update(api=api, group_size=size, in_flight=in_flight)
+    return summary
 
 
 def section_profile(
     plan: MultiPlan, load: LoadGen, judge: Judge, logs: pathlib.Path
 ) -> dict[str, Any]:
-    spy = shutil.which("py-spy", path=str(pathlib.Path(sys.executable).parent)) or shutil.which(
-        "py-spy"
-    )
+    """The service on ``memory://`` for both APIs (1-member groups) and the judge-call
+    path (16-member groups), then a server on the default store (a fresh SQLite file) for
+    1-member SubmitMember: where §2's SQLite figure goes, the writer thread included."""
+    spy = _py_spy()
     if spy is None:
         return {"error": "py-spy not installed"}
-    service = start_service(
-        "service-profile",
-        judge,
-        logs,
-        concurrency=plan.concurrency,
-        num_rollouts_per_prompt=plan.group_size,
-    )
     out: dict[str, Any] = {}
-    try:
-        warm(load, service, 1, plan.warmup_groups * 8, plan.single_in_flight)
-        cases = [(api, api, 1, plan.single_in_flight) for api in APIS]
-        cases.append(("judge", "SubmitMember", plan.group_size, plan.in_flight))
-        for label, api, size, in_flight in cases:
-            path = logs / f"profile-{label}.txt"
-            spy_proc = subprocess.Popen(
-                [
+    one = plan.single_in_flight
+    cases = {
+        "memory": [
+            *((api, api, 1, one) for api in APIS),
+            ("judge", "SubmitMember", plan.group_size, plan.in_flight),
+        ],
+        "sqlite": [("sqlite", "SubmitMember", 1, one)],
+    }
+    for store, runs in cases.items():
+        service = start_service(
+            f"service-profile-{store}",
+            judge,
+            logs,
+            concurrency=plan.concurrency,
+            store=fresh_store(logs, "profile-sqlite") if store == "sqlite" else None,
+            num_rollouts_per_prompt=plan.group_size,
+        )
+        try:
+            warm(load, service, 1, plan.warmup_groups * 8, plan.single_in_flight)
+            for label, api, size, in_flight in runs:
+                summary = profiled(
                     spy,
-                    "record",
-                    "--pid",
-                    str(service.pid),
-                    "--duration",
-                    str(math.ceil(plan.profile_s) + 1),
-                    "--rate",
-                    "250",
-                    "--gil",
-                    "--format",
-                    "raw",
-                    "--nonblocking",
-                    "-o",
-                    str(path),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            time.sleep(0.5)
-            cpu0 = service.cpu()
-            res = load.run(
-                target=service.target,
-                api=api,
-                prefix=f"prof-{label}",
-                size=size,
-                in_flight=in_flight,
-                duration_s=plan.profile_s,
-                answer_bytes=plan.answer_bytes,
-            )
-            cpu = service.cpu() - cpu0
-            _, err = spy_proc.communicate(timeout=60)
-            if spy_proc.returncode != 0 or not path.exists():
-                out[label] = {"error": (err or "")[-500:]}
-                continue
-            summary = summarise_profile(path.read_text())
-            summary["cpu_us_per_member"] = (
-                cpu / res["members"] * 1e6 if res["members"] else math.nan
-            )
-            summary.update(api=api, group_size=size, in_flight=in_flight)
-            out[label] = summary
-            print(
-                f"   profile {label}: {summary['samples']} samples; top self: "
-                + ", ".join(f"{f} {p}%" for f, p in summary["self"][:4]),
-                flush=True,
-            )
-    finally:
-        service.stop()
+                    plan,
+                    load,
+                    service,
+                    logs / f"profile-{label}.txt",
+                    api=api,
+                    size=size,
+                    in_flight=in_flight,
+                )
+                out[label] = summary
+                if "error" in summary:
+                    continue
+                print(
+                    f"   profile {label}: {summary['samples']} samples; top self: "
+                    + ", ".join(f"{f} {p}%" for f, p in summary["self"][:4]),
+                    flush=True,
+                )
+        finally:
+            service.stop()
     return out
 
 
