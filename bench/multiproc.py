@@ -21,9 +21,9 @@ Sections (each compares its sides in the same run, alternating the order round b
                   judge ever saw in flight (must never exceed C).
 - ``retained``    p99 member latency with 100 vs 50,000 retained cohorts (two servers,
                   the store at its cap so every new cohort evicts one).
-- ``profile``     py-spy on the server while it serves 1-member groups (both APIs; and
-                  SubmitMember on the default store) and 16-member groups, with the
-                  server's CPU per thread over the same run.
+- ``profile``     py-spy on the server while it serves 1-member groups (both APIs) and
+                  16-member groups, on ``memory://``, then SubmitMember on the default
+                  store with both sizes; the server's CPU per thread over each run.
 - ``store``       the SQLite store (a fresh file per server) vs ``memory://``: 16-member
                   groups on both APIs; restart recovery time of a real ``genrm-grpc
                   serve`` on a file holding 10,000 retained and 100 active cohorts vs an
@@ -918,7 +918,8 @@ def section_profile(
 ) -> dict[str, Any]:
     """The service on ``memory://`` for both APIs (1-member groups) and the judge-call
     path (16-member groups), then a server on the default store (a fresh SQLite file) for
-    1-member SubmitMember: where §2's SQLite figure goes, the writer thread included."""
+    SubmitMember with 1- and 16-member groups: where the SQLite figures of §2 and §11 go,
+    the writer thread included."""
     spy = _py_spy()
     if spy is None:
         return {"error": "py-spy not installed"}
@@ -929,7 +930,10 @@ def section_profile(
             *((api, api, 1, one) for api in APIS),
             ("judge", "SubmitMember", plan.group_size, plan.in_flight),
         ],
-        "sqlite": [("sqlite", "SubmitMember", 1, one)],
+        "sqlite": [
+            ("sqlite", "SubmitMember", 1, one),
+            ("sqlite-judge", "SubmitMember", plan.group_size, plan.in_flight),
+        ],
     }
     for store, runs in cases.items():
         service = start_service(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench.mpreport import same_work_findings
+from bench.mpreport import profile_findings, same_work_findings
 from bench.multiproc import MultiPlan, run_multi, summarise_profile, thread_rows
 
 RAW = "\n".join(
@@ -125,12 +125,40 @@ def test_the_sqlite_profile_shows_the_writer_thread_beside_the_event_loop() -> N
     out: dict[str, Any] = {}
     run_multi(PLAN, out)
     profile = out["profile"]
-    assert set(profile) == {"SubmitMember", "StreamGroups", "judge", "sqlite"}
+    assert set(profile) == {"SubmitMember", "StreamGroups", "judge", "sqlite", "sqlite-judge"}
     for label, p in profile.items():
         assert "error" not in p, (label, p.get("error"))
         threads = {r["thread"]: r for r in p["by_thread"]}
         loop = threads["MainThread (the event loop)"]
         assert loop["user_us"] > 0 and loop["gil_pct"] > 0
-        assert ("genrm-sqlite-writer" in threads) == (label == "sqlite")
-    writer = {r["thread"]: r for r in profile["sqlite"]["by_thread"]}["genrm-sqlite-writer"]
-    assert writer["user_us"] + writer["system_us"] > 0
+        assert ("genrm-sqlite-writer" in threads) == label.startswith("sqlite")
+    for label in ("sqlite", "sqlite-judge"):
+        writer = {r["thread"]: r for r in profile[label]["by_thread"]}["genrm-sqlite-writer"]
+        assert writer["user_us"] + writer["system_us"] > 0
+
+
+def _profiled(loop: tuple[float, float], writer: tuple[float, float] | None) -> dict[str, Any]:
+    rows = [{"thread": "MainThread (the event loop)", "user_us": loop[0], "system_us": loop[1]}]
+    if writer is not None:
+        rows.append({"thread": "genrm-sqlite-writer", "user_us": writer[0], "system_us": writer[1]})
+    for row in rows:
+        row.update(threads=1, gil_pct=90.0 if row["thread"].startswith("Main") else 10.0)
+    return {
+        "by_thread": rows,
+        "cpu_us_per_member": sum(r["user_us"] + r["system_us"] for r in rows),
+    }
+
+
+def test_each_sqlite_profile_is_read_against_the_memory_profile_of_the_same_work() -> None:
+    profile = {
+        "SubmitMember": _profiled((250, 45), None),
+        "judge": _profiled((340, 60), None),
+        "sqlite": _profiled((255, 60), (30, 40)),
+        "sqlite-judge": _profiled((330, 55), (60, 70)),
+    }
+    one, sixteen = profile_findings({"profile": profile})[-2:]
+    assert one.startswith("- **1-member SubmitMember on SQLite**: 385 µs")
+    assert "writer thread used 30 µs of user and 40 µs of system time" in one
+    assert "20 µs more than on `memory://` in its own run (250 and 45 µs)" in one
+    assert sixteen.startswith("- **16-member SubmitMember (judge calls) on SQLite**")
+    assert "15 µs less than on `memory://` in its own run (340 and 60 µs)" in sixteen
