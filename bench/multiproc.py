@@ -801,13 +801,16 @@ _DUMPED_THREAD = re.compile(r'^Thread (\d+) \([^)]*\): "(.*)"$', re.MULTILINE)
 def python_threads(spy: str, pid: int) -> dict[int, str]:
     """The Python name of each Python thread of a process, by thread id (``py-spy
     dump``); empty when the dump fails."""
-    dump = subprocess.run(
-        [spy, "dump", "--pid", str(pid), "--nonblocking"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    try:
+        dump = subprocess.run(
+            [spy, "dump", "--pid", str(pid), "--nonblocking"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {}
     return {int(tid): name for tid, name in _DUMPED_THREAD.findall(dump.stdout)}
 
 
@@ -842,7 +845,8 @@ def thread_rows(
     return sorted(kept, key=lambda r: -(r["user_us"] + r["system_us"]))
 
 
-def _py_spy() -> str | None:
+def find_py_spy() -> str | None:
+    """py-spy from this interpreter's environment (the bench extra), else from PATH."""
     here = pathlib.Path(sys.executable).parent
     return shutil.which("py-spy", path=str(here)) or shutil.which("py-spy")
 
@@ -920,7 +924,7 @@ def section_profile(
     path (16-member groups), then a server on the default store (a fresh SQLite file) for
     SubmitMember with 1- and 16-member groups: where the SQLite figures of §2 and §11 go,
     the writer thread included."""
-    spy = _py_spy()
+    spy = find_py_spy()
     if spy is None:
         return {"error": "py-spy not installed"}
     out: dict[str, Any] = {}

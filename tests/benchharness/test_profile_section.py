@@ -8,12 +8,22 @@ end-to-end test runs the section, small, against real processes.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
 from bench.mpreport import profile_findings, same_work_findings
-from bench.multiproc import MultiPlan, run_multi, summarise_profile, thread_rows
+from bench.multiproc import (
+    MultiPlan,
+    find_py_spy,
+    python_threads,
+    run_multi,
+    summarise_profile,
+    thread_rows,
+)
 
 RAW = "\n".join(
     [
@@ -122,6 +132,7 @@ PLAN = MultiPlan(
 
 @pytest.mark.e2e
 def test_the_sqlite_profile_shows_the_writer_thread_beside_the_event_loop() -> None:
+    _py_spy_here()
     out: dict[str, Any] = {}
     run_multi(PLAN, out)
     profile = out["profile"]
@@ -162,3 +173,45 @@ def test_each_sqlite_profile_is_read_against_the_memory_profile_of_the_same_work
     assert "20 µs more than on `memory://` in its own run (250 and 45 µs)" in one
     assert sixteen.startswith("- **16-member SubmitMember (judge calls) on SQLite**")
     assert "15 µs less than on `memory://` in its own run (340 and 60 µs)" in sixteen
+
+
+def _py_spy_here() -> str:
+    """py-spy, or a skip where this machine forbids reading another process's memory (a
+    container without ptrace permission): ``make bench``'s profiles need it too."""
+    spy = find_py_spy()
+    assert spy is not None, "py-spy is part of the bench extra"
+    probe = subprocess.run(
+        [spy, "dump", "--pid", str(os.getpid()), "--nonblocking"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if probe.returncode != 0 and "ermission" in probe.stdout + probe.stderr:
+        pytest.skip(f"py-spy may not read processes here: {probe.stderr.strip()[:200]}")
+    return spy
+
+
+def test_thread_names_come_from_a_real_py_spy_dump_of_a_process() -> None:
+    spy = _py_spy_here()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import threading, time, sys\n"
+            "t = threading.Thread(target=time.sleep, args=(60,), name='named-by-test')\n"
+            "t.start(); print('ready', flush=True); time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        names = python_threads(spy, child.pid)
+    finally:
+        child.kill()
+        child.wait()
+        assert child.stdout is not None
+        child.stdout.close()
+    assert names[child.pid] == "MainThread"
+    assert "named-by-test" in names.values()
