@@ -9,8 +9,10 @@ attempt (``genrm_parse_retries: 0``), so its outcome is that attempt's parse.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -340,13 +342,19 @@ async def test_a_hedge_that_wins_closes_the_slow_stream_at_the_judge() -> None:
 # -- the fake judge's stream -----------------------------------------------------------
 
 
-def _open_stream(fake: FakeJudgeServer, api: str) -> http.client.HTTPResponse:
+@contextlib.contextmanager
+def _open_stream(fake: FakeJudgeServer, api: str) -> Iterator[http.client.HTTPResponse]:
+    """A streamed request's response; the connection's socket is closed on the way out
+    (closing the response alone leaves it to the garbage collector)."""
     path, body = _body(api, stream=True, stream_options={"include_usage": True})
     connection = http.client.HTTPConnection(fake.host, fake.port, timeout=30)
-    connection.request(
-        "POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    return connection.getresponse()
+    try:
+        connection.request(
+            "POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        yield connection.getresponse()
+    finally:
+        connection.close()
 
 
 def _next_event(response: http.client.HTTPResponse) -> bytes:
@@ -360,15 +368,14 @@ def _next_event(response: http.client.HTTPResponse) -> bytes:
 def test_the_fake_judge_emits_its_tokens_over_the_simulated_decode_time(api: str) -> None:
     node = NodeConfig(tokens_per_s=50, output_tokens="100")  # 2 s of decode
     with FakeJudgeServer(FakeJudgeConfig(node=node)) as fake:
-        response = _open_stream(fake, api)
-        assert response.status == 200
-        assert response.getheader("Content-Type") == "text/event-stream"
-        _next_event(response)  # the opening event
-        first = _next_event(response)
-        assert b"delta" in first
-        assert fake.node_stats()["completed"] == 0  # a token came, the answer is not done
-        rest = response.read()
-        response.close()
+        with _open_stream(fake, api) as response:
+            assert response.status == 200
+            assert response.getheader("Content-Type") == "text/event-stream"
+            _next_event(response)  # the opening event
+            first = _next_event(response)
+            assert b"delta" in first
+            assert fake.node_stats()["completed"] == 0  # a token came, the answer is not done
+            rest = response.read()
         stats = fake.wait_for_node(completed=1)
     assert stats["generation_tokens"] == 100
     assert (b"[DONE]" if api == "chat_completions" else b"response.completed") in rest
@@ -378,10 +385,10 @@ def test_the_fake_judge_emits_its_tokens_over_the_simulated_decode_time(api: str
 def test_a_stream_closed_mid_answer_is_counted_as_an_abort(api: str) -> None:
     node = NodeConfig(tokens_per_s=20, output_tokens="400")
     with FakeJudgeServer(FakeJudgeConfig(node=node)) as fake:
-        response = _open_stream(fake, api)
-        _next_event(response)
-        _next_event(response)
-        response.close()  # the client goes away after its first token
+        with _open_stream(fake, api) as response:
+            _next_event(response)
+            _next_event(response)
+        # The client went away after its first token.
         stats = fake.wait_for_node(aborted_running=1)
     assert stats["completed"] == 0 and stats["generation_tokens"] < 400
 
@@ -390,13 +397,14 @@ def test_a_stream_closed_mid_answer_is_counted_as_an_abort(api: str) -> None:
 def test_stall_mode_opens_the_stream_and_sends_no_token(api: str) -> None:
     with FakeJudgeServer() as fake:
         fake.control(mode="stall")
-        response = _open_stream(fake, api)
-        assert response.status == 200
-        opening = _next_event(response)
-        assert (b"response.created" if api == "responses" else b'"role": "assistant"') in opening
-        assert b"delta" not in opening.replace(b'"delta": {"role"', b"")
-        fake.wait_for_node(hung=1)
-        response.close()
+        with _open_stream(fake, api) as response:
+            assert response.status == 200
+            opening = _next_event(response)
+            assert (
+                b"response.created" if api == "responses" else b'"role": "assistant"'
+            ) in opening
+            assert b"delta" not in opening.replace(b'"delta": {"role"', b"")
+            fake.wait_for_node(hung=1)
         stats = fake.wait_for_node(aborted=1)
     assert stats["completed"] == 0 and stats["generation_tokens"] == 0
 
