@@ -35,11 +35,16 @@ _CLK = os.sysconf("SC_CLK_TCK")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def _user_system(stat: pathlib.Path) -> tuple[float, float]:
+    """User and system CPU seconds from a ``/proc/…/stat`` file (fields 14 and 15; the
+    command name before them may hold spaces and parentheses)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / _CLK, int(fields[12]) / _CLK
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process, all threads (Linux /proc/PID/stat)."""
-    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK
+    return sum(_user_system(pathlib.Path(f"/proc/{pid}/stat")))
 
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float, float]]:
@@ -50,10 +55,9 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float, float]]:
     for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
         try:
             comm = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            threads[int(task.name)] = (comm, *_user_system(task / "stat"))
         except OSError:
             continue
-        threads[int(task.name)] = (comm, int(fields[11]) / _CLK, int(fields[12]) / _CLK)
     return threads
 
 

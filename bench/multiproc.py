@@ -765,12 +765,11 @@ def summarise_profile(raw: str, top: int = 15) -> dict[str, Any]:
             threads[(int(thread.group(1)), thread.group(2))] += n
             raw_frames = raw_frames[1:]
         total += n
-        if not raw_frames:
-            cats["gRPC core and the event loop only (no project frame on the stack)"] += n
-            continue
         frames = [_frame(f) for f in raw_frames]
-        own[frames[-1]] += n
         cats[_category(frames)] += n
+        if not frames:  # the thread held the GIL outside any Python frame
+            continue
+        own[frames[-1]] += n
         for f in set(frames):
             incl[f] += n
 
